@@ -1,0 +1,107 @@
+"""The `nomad-runner-controller` command line (also `python -m controller`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds as a number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 65535, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nomad-runner-controller",
+        description="Warm pools of sandbox runners on HashiCorp Nomad.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sim = commands.add_parser(
+        "sim",
+        help="serve a simulated Nomad cluster on Nomad's HTTP API",
+        description="Serve Nomad's HTTP API (/v1) from an in-process simulator "
+        "until SIGINT or SIGTERM. Fault injection lives under /_sim.",
+    )
+    sim.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    sim.add_argument("--port", type=_port, default=4646, help="port to listen on (default 4646)")
+    sim.add_argument("--nodes", type=_positive_int, default=3, help="client nodes (default 3)")
+    sim.add_argument("--seed", type=int, default=0, help="seed for IDs and placement (default 0)")
+    sim.add_argument(
+        "--startup-delay",
+        type=_seconds,
+        default=0.5,
+        metavar="SECONDS",
+        help="time from placement to a running task (default 0.5)",
+    )
+    sim.add_argument(
+        "--stop-delay",
+        type=_seconds,
+        default=0.2,
+        metavar="SECONDS",
+        help="time from a kill to a complete allocation (default 0.2)",
+    )
+    sim.add_argument(
+        "--acl-token",
+        default=None,
+        metavar="TOKEN",
+        help="require this X-Nomad-Token on every /v1 request (403 otherwise)",
+    )
+    return parser
+
+
+def run_sim(args: argparse.Namespace) -> int:
+    from controller.sim import SimConfig, SimServer
+
+    config = SimConfig(
+        nodes=args.nodes,
+        seed=args.seed,
+        startup_delay_ms=args.startup_delay * 1000,
+        stop_delay_ms=args.stop_delay * 1000,
+        acl_token=args.acl_token,
+    )
+    server = SimServer(config, host=args.host, port=args.port)
+    print(
+        f"Nomad simulator: {args.nodes} nodes, seed {args.seed}; "
+        f"NOMAD_ADDR=http://{args.host}:{args.port} (Ctrl-C stops)",
+        flush=True,
+    )
+    server.serve_forever()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "sim":
+        return run_sim(args)
+    return 2  # argparse rejects unknown commands before this
+
+
+if __name__ == "__main__":
+    sys.exit(main())

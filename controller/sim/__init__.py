@@ -1,0 +1,13 @@
+"""An in-process HashiCorp Nomad simulator speaking Nomad's real HTTP API.
+
+It is the test bed of the controller and the embedded default of `make run`.
+Its parts mirror Nomad's own: `state` (tables, index, blocking queries),
+`encode` (Nomad's JSON rules), `scheduler` (evaluations and placement),
+`client` (task lifecycle on a node), `drainer` (drains and migrations),
+`events` (the event broker), `variables` (variables and locks), `http` (the
+routes) and `server` (running it). It imports nothing from the controller."""
+
+from controller.sim.core import Faults, NomadError, SimConfig, Simulator
+from controller.sim.server import SimServer
+
+__all__ = ["Faults", "NomadError", "SimConfig", "SimServer", "Simulator"]

@@ -1,0 +1,368 @@
+"""The Nomad client side: what happens to an allocation on its node.
+
+Task lifecycle with Nomad's task events: `Received` → `Task Setup` →
+`Driver` → (startup delay) → `Started`; a stop is `Killing` → (stop delay) →
+`Killed` and `complete`. A task that exits (crash, OOM kill) follows the
+group's restart policy in place (`Terminated` → `Restarting` → `Started`,
+`Restarts` grows) until the attempts in the interval are used up, then
+`Not Restarting`: task dead and failed, allocation `failed`, and an
+`alloc-failure` evaluation lets the scheduler reschedule it.
+
+Client updates are `AllocClientUpdate` transactions (AllocationUpdated
+events)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from controller.sim.encode import SECOND, go_duration, group_of
+from controller.sim.records import (
+    COMPLETE,
+    FAILED,
+    PENDING,
+    RUNNING,
+    Alloc,
+    Eval,
+    TaskEvent,
+    TaskState,
+)
+from controller.sim.state import stamp_alloc
+
+if TYPE_CHECKING:
+    from controller.sim.core import Simulator
+
+
+class Client:
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        # new alloc id -> old alloc id whose completion waits for it (production ordering)
+        self._completes_after: dict[str, str] = {}
+        # old alloc id -> new alloc waiting for it to be terminal (client ordering)
+        self._waiting_on: dict[str, str] = {}
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _later(self, alloc_id: str, delay_s: float, fn: object) -> None:
+        assert callable(fn)
+        self.sim.timers.cancel(self._timers.pop(alloc_id, None))
+        self._timers[alloc_id] = self.sim.timers.call_later(delay_s, fn)
+
+    def forget(self, alloc_id: str) -> None:
+        self.sim.timers.cancel(self._timers.pop(alloc_id, None))
+
+    def _tasks(self, alloc: Alloc) -> list[str]:
+        group = group_of(alloc.job, alloc.task_group) or {}
+        return [t["Name"] for t in group.get("Tasks") or []]
+
+    def _node_up(self, alloc: Alloc) -> bool:
+        node = self.sim.store.nodes.get(alloc.node_id)
+        return node is not None and node.status == "ready"
+
+    def _update(self, alloc: Alloc, evals: tuple[Eval, ...] = ()) -> Alloc:
+        """Commit a client update (and any evaluation it triggers)."""
+        store = self.sim.store
+        with store.txn("AllocClientUpdate") as tx:
+            new = stamp_alloc(alloc, tx.index, self.sim.clock.now_ns(), client=True)
+            tx.put_alloc(new)
+            for ev in evals:
+                tx.put_eval(self.sim.stamp_eval(ev, tx.index))
+        for ev in evals:
+            self.sim.scheduler.enqueue(ev.id)
+        self.sim.after_client_update(new)
+        return new
+
+    def _with_event(self, alloc: Alloc, event: TaskEvent, **changes: object) -> Alloc:
+        states = []
+        for name in self._tasks(alloc):
+            ts = alloc.task_state(name)
+            ts = replace(ts, events=(*ts.events, event), **changes)  # type: ignore[arg-type]
+            states.append((name, ts))
+        return replace(alloc, task_states=tuple(states))
+
+    def _current(self, alloc_id: str) -> Alloc | None:
+        alloc = self.sim.store.allocs.get(alloc_id)
+        if alloc is None or not self._node_up(alloc):
+            return None
+        return alloc
+
+    # -- placement and start ----------------------------------------------------
+
+    def on_placed(self, alloc: Alloc) -> None:
+        self._later(alloc.id, 0, lambda: self._receive(alloc.id))
+
+    def _receive(self, alloc_id: str) -> None:
+        alloc = self._current(alloc_id)
+        if alloc is None or alloc.client_status != PENDING or alloc.desired_status != "run":
+            return
+        now = self.sim.clock.now_ns()
+        alloc = self._with_event(
+            alloc, TaskEvent("Received", now, display_message="Task received by client")
+        )
+        prev = self.sim.store.allocs.get(alloc.previous_allocation)
+        if prev is not None and not prev.client_terminal() and self._node_up(prev):
+            # Nomad's client waits for the previous allocation to stop first.
+            self._update(alloc)
+            self._waiting_on[prev.id] = alloc.id
+            return
+        self._setup(alloc)
+
+    def _setup(self, alloc: Alloc) -> None:
+        now = self.sim.clock.now_ns()
+        alloc = self._with_event(
+            alloc,
+            TaskEvent(
+                "Task Setup",
+                now,
+                message="Building Task Directory",
+                display_message="Building Task Directory",
+                details=(("message", "Building Task Directory"),),
+            ),
+        )
+        image = self._image(alloc)
+        alloc = self._with_event(
+            alloc,
+            TaskEvent(
+                "Driver",
+                now,
+                display_message=f"Downloading image {image}" if image else "",
+                details=(("image", image),) if image else (),
+                driver_message=f"Downloading image {image}" if image else "",
+            ),
+        )
+        alloc = self._update(alloc)
+        self._later(
+            alloc.id, self.sim.config.startup_delay_ms / 1000, lambda: self._start(alloc.id)
+        )
+
+    def _image(self, alloc: Alloc) -> str:
+        group = group_of(alloc.job, alloc.task_group) or {}
+        for task in group.get("Tasks") or []:
+            image = (task.get("Config") or {}).get("image")
+            if image:
+                return str(image)
+        return ""
+
+    def _start(self, alloc_id: str) -> None:
+        alloc = self._current(alloc_id)
+        if alloc is None or alloc.desired_status != "run" or alloc.client_terminal():
+            return
+        now = self.sim.clock.now_ns()
+        started = self._with_event(
+            alloc,
+            TaskEvent("Started", now, display_message="Task started by client"),
+            state=RUNNING,
+            started_at=now,
+        )
+        started = replace(started, client_status=RUNNING, client_description="Tasks are running")
+        self._update(started)
+        old = self._completes_after.pop(alloc_id, None)
+        if old is not None:
+            lag = self.sim.config.migration_stop_lag_ms / 1000
+            self._later(old, lag, lambda: self._killed(old))
+
+    # -- stop -----------------------------------------------------------------
+
+    def on_stop(self, alloc: Alloc, complete_with_successor: str = "") -> None:
+        """The server set DesiredStatus stop: kill the tasks."""
+        if alloc.client_terminal() or not self._node_up(alloc):
+            self.forget(alloc.id)
+            return
+        successor = self.sim.migrations.get(alloc.next_allocation)
+        if successor is not None and successor[1] == "production":
+            # Production ordering: the old allocation keeps running until its
+            # replacement is running, and completes shortly after.
+            self._completes_after[alloc.next_allocation] = alloc.id
+            self.forget(alloc.id)
+            self._kill_event(alloc)
+            return
+        self._kill_event(alloc)
+        self._later(alloc.id, self.sim.config.stop_delay_ms / 1000, lambda: self._killed(alloc.id))
+
+    def _kill_event(self, alloc: Alloc) -> None:
+        if alloc.client_status != RUNNING:
+            return
+        now = self.sim.clock.now_ns()
+        timeout = int(str(self._task_field(alloc, "KillTimeout") or 5 * SECOND))
+        alloc = self._with_event(
+            alloc,
+            TaskEvent(
+                "Killing",
+                now,
+                display_message=(
+                    f"Sent interrupt. Waiting {go_duration(timeout)} before force killing"
+                ),
+                kill_timeout=timeout,
+            ),
+        )
+        self._update(alloc)
+
+    def _task_field(self, alloc: Alloc, name: str) -> object:
+        group = group_of(alloc.job, alloc.task_group) or {}
+        for task in group.get("Tasks") or []:
+            return task.get(name)
+        return None
+
+    def _killed(self, alloc_id: str) -> None:
+        self._timers.pop(alloc_id, None)
+        alloc = self._current(alloc_id)
+        if alloc is None or alloc.client_terminal():
+            return
+        now = self.sim.clock.now_ns()
+        was_running = alloc.client_status == RUNNING
+        if was_running:
+            alloc = self._with_event(
+                alloc, TaskEvent("Killed", now, display_message="Task successfully killed")
+            )
+        alloc = (
+            self._with_event(
+                alloc,
+                TaskEvent(
+                    "Terminated",
+                    now,
+                    display_message="Exit Code: 0",
+                    details=(("exit_code", "0"), ("oom_killed", "false"), ("signal", "0")),
+                ),
+            )
+            if was_running
+            else alloc
+        )
+        states = tuple(
+            (name, replace(ts, state="dead", finished_at=now)) for name, ts in alloc.task_states
+        )
+        alloc = replace(
+            alloc,
+            task_states=states,
+            client_status=COMPLETE,
+            client_description="All tasks have completed",
+        )
+        self._update(alloc)
+        waiting = self._waiting_on.pop(alloc_id, None)
+        if waiting is not None:
+            successor = self._current(waiting)
+            if successor is not None and successor.desired_status == "run":
+                self._setup(successor)
+
+    # -- task exits ---------------------------------------------------------------
+
+    def task_exit(self, alloc_id: str, exit_code: int, oom: bool) -> bool:
+        """A running task exited on its own: apply the restart policy."""
+        alloc = self._current(alloc_id)
+        if alloc is None or alloc.client_status != RUNNING or alloc.desired_status != "run":
+            return False
+        now = self.sim.clock.now_ns()
+        details = (
+            ("exit_code", str(exit_code)),
+            ("oom_killed", "true" if oom else "false"),
+            ("signal", "9" if oom else "0"),
+        )
+        terminated = TaskEvent(
+            "Terminated",
+            now,
+            message="OOM Killed" if oom else "",
+            display_message=f"Exit Code: {exit_code}"
+            + (', Exit Message: "OOM Killed"' if oom else ""),
+            details=details,
+            exit_code=exit_code,
+            signal=9 if oom else 0,
+        )
+        alloc = self._with_event(alloc, terminated)
+        group = group_of(alloc.job, alloc.task_group) or {}
+        policy = group.get("RestartPolicy") or {}
+        attempts = int(policy.get("Attempts") or 0)
+        interval = int(policy.get("Interval") or 0)
+        delay = int(policy.get("Delay") or 0)
+        mode = policy.get("Mode") or "fail"
+        ts = next(iter(dict(alloc.task_states).values()), TaskState())
+        # Restarts are counted per interval, from the first restart in it.
+        window_start = self._window_start.get(alloc_id, 0)
+        if interval and now - window_start >= interval:
+            window_start = now
+            self._window_start[alloc_id] = now
+            self._window_count[alloc_id] = 0
+        used = self._window_count.get(alloc_id, 0)
+        if used < attempts or mode == "delay":
+            wait = delay if used < attempts else max(delay, window_start + interval - now)
+            self._window_count[alloc_id] = used + 1 if used < attempts else 0
+            restarting = TaskEvent(
+                "Restarting",
+                now,
+                display_message=f"Task restarting in {go_duration(wait)}",
+                restart_reason="Restart within policy",
+                start_delay=wait,
+            )
+            alloc = self._with_event(alloc, restarting, state=PENDING)
+            alloc = replace(alloc, client_status=PENDING, client_description="Tasks are pending")
+            self._update(alloc)
+            self._later(alloc_id, wait / SECOND, lambda: self._restart(alloc_id))
+            return True
+        not_restarting = TaskEvent(
+            "Not Restarting",
+            now,
+            display_message=(
+                f"Exceeded allowed attempts {attempts} in interval {go_duration(interval)} "
+                f'and mode is "{mode}"'
+            ),
+            restart_reason=(
+                f"Exceeded allowed attempts {attempts} in interval {go_duration(interval)} "
+                f'and mode is "{mode}"'
+            ),
+            fails_task=True,
+        )
+        alloc = self._with_event(alloc, not_restarting, state="dead", failed=True, finished_at=now)
+        alloc = replace(alloc, client_status=FAILED, client_description="Failed tasks")
+        del ts
+        ev = Eval(
+            id=self.sim.new_id(),
+            namespace=alloc.namespace,
+            priority=int(alloc.job.get("Priority", 50)),
+            type=alloc.job_type,
+            triggered_by="alloc-failure",
+            job_id=alloc.job_id,
+            job_modify_index=int(alloc.job.get("JobModifyIndex", 0)),
+        )
+        self._update(alloc, (ev,))
+        return True
+
+    def _restart(self, alloc_id: str) -> None:
+        alloc = self._current(alloc_id)
+        if alloc is None or alloc.desired_status != "run" or alloc.client_terminal():
+            return
+        now = self.sim.clock.now_ns()
+        states = []
+        for name, ts in alloc.task_states:
+            ts = replace(
+                ts,
+                state=RUNNING,
+                restarts=ts.restarts + 1,
+                last_restart=now,
+                events=(
+                    *ts.events,
+                    TaskEvent("Started", now, display_message="Task started by client"),
+                ),
+            )
+            states.append((name, ts))
+        alloc = replace(
+            alloc,
+            task_states=tuple(states),
+            client_status=RUNNING,
+            client_description="Tasks are running",
+        )
+        self._update(alloc)
+
+    _window_start: dict[str, int]
+    _window_count: dict[str, int]
+
+    def reset_windows(self) -> None:
+        self._window_start = {}
+        self._window_count = {}
+
+    def on_node_down(self, node_id: str) -> None:
+        """A down node's client reports nothing more: drop its timers."""
+        for alloc in self.sim.store.node_allocs(node_id):
+            self.forget(alloc.id)
+
+    def pending_timers(self) -> int:
+        return len(self._timers)

@@ -1,0 +1,186 @@
+"""Nomad's event broker: turns each committed state transaction into one
+`{"Index":N,"Events":[...]}` frame, keeps the last frames in a ring buffer so
+subscribers can resume from an index, and fans frames out to subscribers.
+
+As in Nomad (`nomad/state/events.go`), every event of a transaction carries
+the event type of the transaction's message type, whatever table it touched:
+a job registration's evaluation is an `Evaluation` event of type
+`JobRegistered`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from controller.sim.records import Alloc, Eval, JobRecord, JsonDict, Node
+from controller.sim.state import ALLOCS, EVALS, JOBS, NODES, Commit
+
+# Message types of state transactions, and the event type each produces.
+MSG_EVENT_TYPES = {
+    "JobRegister": "JobRegistered",
+    "JobDeregister": "JobDeregistered",
+    "EvalUpdate": "EvaluationUpdated",
+    "ApplyPlanResults": "PlanResult",
+    "AllocClientUpdate": "AllocationUpdated",
+    "AllocUpdateDesiredTransition": "AllocationUpdateDesiredStatus",
+    "NodeRegister": "NodeRegistration",
+    "NodeUpdateStatus": "NodeEvent",
+    "NodeUpdateDrain": "NodeDrain",
+    "NodeUpdateEligibility": "NodeEligibility",
+}
+
+TOPICS = ("Job", "Allocation", "Evaluation", "Node", "Deployment", "Service", "ACLToken")
+
+
+@dataclass(frozen=True)
+class Subscription:
+    topics: dict[str, frozenset[str]]  # topic ("*" = all) -> keys ("*" = all)
+    namespace: str  # "*" = all
+
+    def matches(self, event: JsonDict) -> bool:
+        keys = self.topics.get(event["Topic"]) or self.topics.get("*")
+        if keys is None:
+            return False
+        ns = event["Namespace"]
+        if self.namespace != "*" and ns not in ("", self.namespace):
+            return False
+        if "*" in keys:
+            return True
+        return event["Key"] in keys or any(k in keys for k in event["FilterKeys"] or ())
+
+
+class Subscriber:
+    def __init__(self, sub: Subscription) -> None:
+        self.sub = sub
+        self.queue: asyncio.Queue[JsonDict | None] = asyncio.Queue()
+
+    def offer(self, frame: JsonDict) -> None:
+        events = [e for e in frame["Events"] if self.sub.matches(e)]
+        if events:
+            self.queue.put_nowait({"Index": frame["Index"], "Events": events})
+
+
+class EventBroker:
+    def __init__(self, encode_alloc: Callable[[Alloc], JsonDict], buffer_size: int = 100) -> None:
+        self._encode_alloc = encode_alloc
+        self._buffer: deque[JsonDict] = deque(maxlen=buffer_size)
+        self._subscribers: set[Subscriber] = set()
+        self.published = 0
+
+    def on_commit(self, commit: Commit) -> None:
+        event_type = MSG_EVENT_TYPES.get(commit.msg_type)
+        if event_type is None:
+            return
+        events = []
+        for change in commit.changes:
+            event = self._event(change.table, change.before, change.after, event_type)
+            if event is not None:
+                event["Index"] = commit.index
+                events.append(event)
+        if not events:
+            return
+        frame = {"Index": commit.index, "Events": events}
+        self._buffer.append(frame)
+        self.published += 1
+        for subscriber in self._subscribers:
+            subscriber.offer(frame)
+
+    def _event(self, table: str, before: Any, after: Any, event_type: str) -> JsonDict | None:
+        obj = after if after is not None else before
+        if table == JOBS:
+            assert isinstance(obj, JobRecord)
+            return _envelope("Job", event_type, obj.id, obj.namespace, None, {"Job": obj.spec})
+        if table == ALLOCS:
+            if after is None:
+                # A purge removes allocations without any allocation event.
+                return None
+            assert isinstance(obj, Alloc)
+            payload = self._encode_alloc(obj)
+            payload.pop("Job", None)  # Nomad strips the job to keep events small
+            return _envelope(
+                "Allocation",
+                event_type,
+                obj.id,
+                obj.namespace,
+                [obj.job_id, ""],
+                {"Allocation": payload},
+            )
+        if table == EVALS:
+            from controller.sim.encode import evaluation
+
+            assert isinstance(obj, Eval)
+            return _envelope(
+                "Evaluation",
+                event_type,
+                obj.id,
+                obj.namespace,
+                [obj.job_id, ""],
+                {"Evaluation": evaluation(obj)},
+            )
+        if table == NODES:
+            from controller.sim.encode import node_full
+
+            assert isinstance(obj, Node)
+            return _envelope("Node", event_type, obj.id, "", None, {"Node": node_full(obj)})
+        return None
+
+    def subscribe(self, sub: Subscription, from_index: int) -> Subscriber:
+        """Register a subscriber and queue every buffered frame with Index >= from_index.
+
+        An index older than the buffer silently starts at the oldest frame."""
+        subscriber = Subscriber(sub)
+        if from_index > 0:
+            for frame in self._buffer:
+                if frame["Index"] >= from_index:
+                    subscriber.offer(frame)
+        self._subscribers.add(subscriber)
+        return subscriber
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        self._subscribers.discard(subscriber)
+
+    def close_all(self) -> None:
+        for subscriber in self._subscribers:
+            subscriber.queue.put_nowait(None)
+        self._subscribers.clear()
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subscribers)
+
+
+def _envelope(
+    topic: str,
+    event_type: str,
+    key: str,
+    namespace: str,
+    filter_keys: list[str] | None,
+    payload: JsonDict,
+) -> JsonDict:
+    return {
+        "Topic": topic,
+        "Type": event_type,
+        "Key": key,
+        "Namespace": namespace,
+        "FilterKeys": filter_keys,
+        "Index": 0,
+        "Payload": payload,
+    }
+
+
+def parse_topics(values: list[str]) -> dict[str, frozenset[str]]:
+    """`topic=Topic[:Key]`, repeatable; no topic means every topic.
+
+    Raises ValueError with Nomad's message for a malformed value."""
+    if not values:
+        return {"*": frozenset({"*"})}
+    topics: dict[str, set[str]] = {}
+    for value in values:
+        topic, sep, key = value.partition(":")
+        if not topic or (sep and not key):
+            raise ValueError(f"Invalid topic query parameter: {value}")
+        topics.setdefault(topic, set()).add(key if sep else "*")
+    return {t: frozenset(k) for t, k in topics.items()}

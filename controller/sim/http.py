@@ -1,0 +1,717 @@
+"""Nomad's HTTP API over the simulator (`/v1/...`), with Nomad's query
+parameters, blocking queries, headers and plain-text errors.
+
+Reads honour `index`/`wait` (blocking queries: return once the response's
+index exceeds `index`, or after `wait` plus up to wait/16 jitter, capped at
+300 s) and answer `X-Nomad-Index`, `X-Nomad-KnownLeader` and
+`X-Nomad-LastContact`. List reads may lag behind writes when the
+`stale_read_rate` fault is set, as a read served by a follower would."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+
+from controller.sim import encode
+from controller.sim.core import NomadError, Simulator
+from controller.sim.events import Subscription, parse_topics
+from controller.sim.records import JsonDict
+from controller.sim.state import ALLOCS, EVALS, JOB_SUMMARY, JOBS, NODES, VARIABLES
+from controller.sim.variables import VariableError, parse_go_duration
+
+MAX_WAIT_S = 300.0
+Handler = Callable[[Request, Simulator], Awaitable[Response]]
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def text(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(message, status_code=status, media_type="text/plain", headers=headers)
+
+
+def json_response(body: Any, index: int | None = None, status: int = 200) -> Response:
+    headers = {}
+    if index is not None:
+        headers = {
+            "X-Nomad-Index": str(index),
+            "X-Nomad-KnownLeader": "true",
+            "X-Nomad-LastContact": "0",
+        }
+    return Response(dumps(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def namespace_of(request: Request) -> str:
+    return request.query_params.get("namespace") or "default"
+
+
+def flag(request: Request, name: str, default: bool = False) -> bool:
+    value = request.query_params.get(name)
+    if value is None:
+        return default
+    if value.lower() in ("", "true", "1"):
+        return True
+    if value.lower() in ("false", "0"):
+        return False
+    raise NomadError(400, f"Failed to parse value of {name!r} ({value}) as a boolean")
+
+
+async def read_body(request: Request) -> Any:
+    raw = await request.body()
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise NomadError(400, f"Request decode failed: {exc}") from None
+
+
+class Blocking:
+    """One read: parses `index`/`wait` and decides whether it is a stale read."""
+
+    def __init__(self, request: Request, sim: Simulator) -> None:
+        self.sim = sim
+        params = request.query_params
+        try:
+            self.min_index = int(params.get("index") or 0)
+            if self.min_index < 0:
+                raise ValueError
+        except ValueError:
+            raise NomadError(400, "Invalid index") from None
+        wait = params.get("wait")
+        try:
+            wait_s = parse_go_duration(wait) / 1e9 if wait else 0.0
+        except ValueError:
+            raise NomadError(400, "Invalid wait time") from None
+        if wait_s <= 0 or wait_s > MAX_WAIT_S:
+            wait_s = MAX_WAIT_S
+        self.wait_s = wait_s + sim.fault_rng.random() * wait_s / 16
+        self.at_index: int | None = None
+
+    def stale(self) -> None:
+        """Maybe serve this list read from a lagging follower's view."""
+        sim = self.sim
+        if sim.faults.stale_read_rate and sim.fault_rng.random() < sim.faults.stale_read_rate:
+            lag = sim.fault_rng.random() * sim.config.stale_lag_ms / 1000
+            self.at_index = sim.store.index_at(lag)
+
+    def table(self, name: str) -> dict[Any, Any]:
+        store = self.sim.store
+        if self.at_index is None:
+            return store.tables[name]
+        return store.view(name, self.at_index)
+
+    def index(self, *tables: str) -> int:
+        idx = self.sim.store.max_index(*tables)
+        return idx if self.at_index is None else min(idx, self.at_index)
+
+    async def run(
+        self, tables: tuple[str, ...], compute: Callable[[], tuple[int, Any]]
+    ) -> Response:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_s
+        while True:
+            index, body = compute()
+            remaining = deadline - loop.time()
+            if self.min_index == 0 or index > self.min_index or remaining <= 0:
+                return json_response(body, max(index, 1))
+            # A follower catches up before answering a blocking query again.
+            self.at_index = None
+            await self.sim.store.wait_for_change(tables, remaining)
+
+
+# -- jobs -------------------------------------------------------------------------
+
+
+def _summary(sim: Simulator, b: Blocking, spec: JsonDict) -> JsonDict:
+    ns, job_id = spec["Namespace"], spec["ID"]
+    allocs_tbl = b.table(ALLOCS)
+    ids = sim.store.allocs_by_job.get((ns, job_id), ())
+    allocs = [allocs_tbl[i] for i in ids if i in allocs_tbl]
+    return encode.job_summary(
+        spec, allocs, sim.queued.get((ns, job_id), {}), sim.store.summary_index.get((ns, job_id), 0)
+    )
+
+
+async def list_jobs(request: Request, sim: Simulator) -> Response:
+    b = Blocking(request, sim)
+    b.stale()
+    ns = namespace_of(request)
+    prefix = request.query_params.get("prefix", "")
+    meta = flag(request, "meta")
+
+    def compute() -> tuple[int, Any]:
+        out = []
+        for (job_ns, job_id), rec in sorted(b.table(JOBS).items()):
+            if (ns == "*" or job_ns == ns) and job_id.startswith(prefix):
+                out.append(encode.job_stub(rec.spec, _summary(sim, b, rec.spec), meta))
+        return b.index(JOBS, JOB_SUMMARY), out
+
+    return await b.run((JOBS, JOB_SUMMARY), compute)
+
+
+async def register_job(request: Request, sim: Simulator, job_id: str | None = None) -> Response:
+    body = await read_body(request)
+    if not isinstance(body, dict) or not isinstance(body.get("Job"), dict):
+        raise NomadError(400, "Job must be specified")
+    job = body["Job"]
+    if job_id is not None and job.get("ID") != job_id:
+        raise NomadError(400, "Job ID does not match name")
+    ns = request.query_params.get("namespace") or body.get("Namespace") or job.get("Namespace")
+    enforce = body.get("EnforceIndex") is True
+    try:
+        index = int(body.get("JobModifyIndex") or 0)
+    except (TypeError, ValueError):
+        raise NomadError(400, "JobModifyIndex must be an integer") from None
+    result = sim.register_job(job, ns or "default", enforce, index)
+    return json_response(result, result["Index"])
+
+
+async def job_route(request: Request, sim: Simulator) -> Response:
+    job_id = request.path_params["job_id"]
+    if request.method in ("PUT", "POST"):
+        return await register_job(request, sim, job_id)
+    ns = namespace_of(request)
+    if request.method == "DELETE":
+        purge = flag(request, "purge")
+        result = sim.deregister_job(ns, job_id, purge)
+        return json_response(result, result["Index"])
+    b = Blocking(request, sim)
+
+    def compute() -> tuple[int, Any]:
+        rec = sim.store.job(ns, job_id)
+        if rec is None:
+            raise NomadError(404, "job not found")
+        return rec.spec["ModifyIndex"], rec.spec
+
+    return await b.run((JOBS,), compute)
+
+
+def _job_or_404(sim: Simulator, ns: str, job_id: str) -> Any:
+    rec = sim.store.job(ns, job_id)
+    if rec is None:
+        raise NomadError(404, "job not found")
+    return rec
+
+
+async def job_allocations(request: Request, sim: Simulator) -> Response:
+    b = Blocking(request, sim)
+    b.stale()
+    ns = namespace_of(request)
+    job_id = request.path_params["job_id"]
+    include_all = flag(request, "all")
+
+    def compute() -> tuple[int, Any]:
+        rec = sim.store.job(ns, job_id)
+        allocs_tbl = b.table(ALLOCS)
+        ids = sim.store.allocs_by_job.get((ns, job_id), set())
+        out = []
+        for a in sorted(
+            (allocs_tbl[i] for i in ids if i in allocs_tbl), key=lambda a: a.create_index
+        ):
+            if (
+                rec is not None
+                and not include_all
+                and a.job.get("CreateIndex") != rec.spec["CreateIndex"]
+            ):
+                continue
+            out.append(sim.encode_alloc_stub(a, False, True))
+        return b.index(ALLOCS), out
+
+    return await b.run((ALLOCS,), compute)
+
+
+async def job_evaluations(request: Request, sim: Simulator) -> Response:
+    b = Blocking(request, sim)
+    ns = namespace_of(request)
+    job_id = request.path_params["job_id"]
+
+    def compute() -> tuple[int, Any]:
+        evals = sim.store.job_evals(ns, job_id)
+        return b.index(EVALS), [encode.evaluation(e) for e in evals]
+
+    return await b.run((EVALS,), compute)
+
+
+async def job_summary(request: Request, sim: Simulator) -> Response:
+    b = Blocking(request, sim)
+    ns = namespace_of(request)
+    job_id = request.path_params["job_id"]
+
+    def compute() -> tuple[int, Any]:
+        rec = _job_or_404(sim, ns, job_id)
+        summary = _summary(sim, b, rec.spec)
+        return summary["ModifyIndex"], summary
+
+    return await b.run((JOBS, JOB_SUMMARY), compute)
+
+
+async def job_versions(request: Request, sim: Simulator) -> Response:
+    b = Blocking(request, sim)
+    ns = namespace_of(request)
+    job_id = request.path_params["job_id"]
+
+    def compute() -> tuple[int, Any]:
+        rec = sim.store.job(ns, job_id)
+        if rec is None:
+            raise NomadError(404, "job versions not found")
+        versions = list(reversed(rec.versions))
+        versions[0] = rec.spec
+        return rec.spec["ModifyIndex"], {"Versions": versions, "Diffs": None}
+
+    return await b.run((JOBS,), compute)
+
+
+async def job_evaluate(request: Request, sim: Simulator) -> Response:
+    result = sim.evaluate_job(namespace_of(request), request.path_params["job_id"])
+    return json_response(result, result["Index"])
+
+
+# -- allocations --------------------------------------------------------------------
+
+
+async def list_allocations(request: Request, sim: Simulator) -> Response:
+    b = Blocking(request, sim)
+    b.stale()
+    ns = namespace_of(request)
+    prefix = request.query_params.get("prefix", "")
+    resources = flag(request, "resources")
+    task_states = flag(request, "task_states", default=True)
+
+    def compute() -> tuple[int, Any]:
+        allocs = [
+            a
+            for a in b.table(ALLOCS).values()
+            if (ns == "*" or a.namespace == ns) and a.id.startswith(prefix)
+        ]
+        allocs.sort(key=lambda a: a.create_index)
+        body = [sim.encode_alloc_stub(a, resources, task_states) for a in allocs]
+        return b.index(ALLOCS), body
+
+    return await b.run((ALLOCS,), compute)
+
+
+async def get_allocation(request: Request, sim: Simulator) -> Response:
+    b = Blocking(request, sim)
+    alloc_id = request.path_params["alloc_id"]
+
+    def compute() -> tuple[int, Any]:
+        alloc = sim.store.allocs.get(alloc_id)
+        if alloc is None:
+            raise NomadError(404, "alloc not found")
+        return alloc.modify_index, sim.encode_alloc(alloc)
+
+    return await b.run((ALLOCS,), compute)
+
+
+async def stop_allocation(request: Request, sim: Simulator) -> Response:
+    result = sim.stop_alloc(request.path_params["alloc_id"])
+    return json_response(result, result["Index"])
+
+
+# -- evaluations --------------------------------------------------------------------
+
+
+async def list_evaluations(request: Request, sim: Simulator) -> Response:
+    b = Blocking(request, sim)
+    ns = namespace_of(request)
+    prefix = request.query_params.get("prefix", "")
+    job_filter = request.query_params.get("job")
+    status_filter = request.query_params.get("status")
+
+    def compute() -> tuple[int, Any]:
+        out = [
+            encode.evaluation(e)
+            for e in sorted(b.table(EVALS).values(), key=lambda e: e.create_index)
+            if (ns == "*" or e.namespace == ns)
+            and e.id.startswith(prefix)
+            and (job_filter is None or e.job_id == job_filter)
+            and (status_filter is None or e.status == status_filter)
+        ]
+        return b.index(EVALS), out
+
+    return await b.run((EVALS,), compute)
+
+
+async def get_evaluation(request: Request, sim: Simulator) -> Response:
+    b = Blocking(request, sim)
+    eval_id = request.path_params["eval_id"]
+
+    def compute() -> tuple[int, Any]:
+        ev = sim.store.evals.get(eval_id)
+        if ev is None:
+            raise NomadError(404, "eval not found")
+        return ev.modify_index, encode.evaluation(ev)
+
+    return await b.run((EVALS,), compute)
+
+
+async def evaluation_allocations(request: Request, sim: Simulator) -> Response:
+    b = Blocking(request, sim)
+    eval_id = request.path_params["eval_id"]
+
+    def compute() -> tuple[int, Any]:
+        allocs = sorted(
+            (a for a in sim.store.allocs.values() if a.eval_id == eval_id),
+            key=lambda a: a.create_index,
+        )
+        return b.index(ALLOCS), [sim.encode_alloc_stub(a, False, True) for a in allocs]
+
+    return await b.run((ALLOCS,), compute)
+
+
+# -- nodes --------------------------------------------------------------------------
+
+
+async def list_nodes(request: Request, sim: Simulator) -> Response:
+    b = Blocking(request, sim)
+    b.stale()
+    prefix = request.query_params.get("prefix", "")
+    resources = flag(request, "resources")
+
+    def compute() -> tuple[int, Any]:
+        nodes = sorted(b.table(NODES).values(), key=lambda n: n.create_index)
+        body = [encode.node_stub(n, resources) for n in nodes if n.id.startswith(prefix)]
+        return b.index(NODES), body
+
+    return await b.run((NODES,), compute)
+
+
+async def get_node(request: Request, sim: Simulator) -> Response:
+    b = Blocking(request, sim)
+    node_id = request.path_params["node_id"]
+
+    def compute() -> tuple[int, Any]:
+        node = sim.node(node_id)
+        return node.modify_index, encode.node_full(node)
+
+    return await b.run((NODES,), compute)
+
+
+async def node_allocations(request: Request, sim: Simulator) -> Response:
+    b = Blocking(request, sim)
+    node_id = request.path_params["node_id"]
+
+    def compute() -> tuple[int, Any]:
+        sim.node(node_id)
+        allocs = sim.store.node_allocs(node_id)
+        return b.index(ALLOCS), [sim.encode_alloc(a) for a in allocs]
+
+    return await b.run((ALLOCS,), compute)
+
+
+async def drain_node(request: Request, sim: Simulator) -> Response:
+    body = await read_body(request) or {}
+    if not isinstance(body, dict):
+        raise NomadError(400, "Request decode failed: body must be an object")
+    result = sim.drain_node(
+        request.path_params["node_id"], body.get("DrainSpec"), bool(body.get("MarkEligible"))
+    )
+    return json_response(result, result["Index"])
+
+
+async def node_eligibility(request: Request, sim: Simulator) -> Response:
+    body = await read_body(request) or {}
+    if not isinstance(body, dict):
+        raise NomadError(400, "Request decode failed: body must be an object")
+    result = sim.set_eligibility(request.path_params["node_id"], body.get("Eligibility"))
+    return json_response(result, result["Index"])
+
+
+# -- variables ------------------------------------------------------------------------
+
+
+def _cas(request: Request) -> int | None:
+    raw = request.query_params.get("cas")
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise NomadError(
+            400, f'can not parse cas: strconv.ParseUint: parsing "{raw}": invalid syntax'
+        ) from None
+
+
+async def variable_route(request: Request, sim: Simulator) -> Response:
+    path = request.path_params["path"]
+    ns = namespace_of(request)
+    params = request.query_params
+    lock_ops = [op for op in ("lock-acquire", "lock-renew", "lock-release") if op in params]
+    try:
+        if request.method == "GET":
+            b = Blocking(request, sim)
+
+            def compute() -> tuple[int, Any]:
+                var = sim.variables.get(ns, path)
+                if var is None:
+                    raise NomadError(404, "variable not found")
+                return var.modify_index, encode.variable(var, lock_id=True)
+
+            return await b.run((VARIABLES,), compute)
+        if request.method == "DELETE":
+            sim.variables.delete(ns, path, _cas(request))
+            return Response(status_code=204, headers={"X-Nomad-Index": str(sim.store.index)})
+        if request.method != "PUT":
+            raise NomadError(400, "Invalid method")
+        if len(lock_ops) > 1:
+            raise NomadError(400, "multiple lock operations")
+        if lock_ops and "cas" in params:
+            raise NomadError(400, "CAS can't be used with lock operations")
+        body = await read_body(request)
+        if not isinstance(body, dict):
+            raise NomadError(400, "Request decode failed: body must be an object")
+        lock = body.get("Lock") or {}
+        if not isinstance(lock, dict):
+            raise NomadError(400, "Request decode failed: Lock must be an object")
+        items = body.get("Items")
+        if items is not None and (
+            not isinstance(items, dict) or not all(isinstance(v, str) for v in items.values())
+        ):
+            raise NomadError(400, "Request decode failed: Items must map strings to strings")
+        if not lock_ops:
+            if lock.get("TTL") or lock.get("LockDelay"):
+                raise NomadError(400, "variable should not contain lock definition")
+            var = sim.variables.put(ns, path, items or {}, _cas(request), lock.get("ID"))
+            return json_response(encode.variable(var, lock_id=True), var.modify_index)
+        op = lock_ops[0]
+        if op == "lock-acquire":
+            var = sim.variables.acquire(ns, path, items, lock.get("TTL"), lock.get("LockDelay"))
+            return json_response(encode.variable(var, lock_id=True), var.modify_index)
+        if items:
+            raise NomadError(
+                400, f"lock {op.removeprefix('lock-')} operation doesn't take variable items"
+            )
+        if not lock.get("ID"):
+            raise NomadError(400, "missing lock information")
+        if op == "lock-renew":
+            var = sim.variables.renew(ns, path, lock["ID"])
+            return json_response(encode.variable(var, with_items=False, lock_id=True))
+        var = sim.variables.release(ns, path, lock["ID"])
+        return json_response(encode.variable(var, with_items=False), var.modify_index)
+    except VariableError as exc:
+        if exc.body is not None:
+            return json_response(exc.body, exc.body.get("ModifyIndex") or None, status=exc.status)
+        return text(exc.status, exc.message)
+
+
+async def list_variables(request: Request, sim: Simulator) -> Response:
+    b = Blocking(request, sim)
+    ns = namespace_of(request)
+    prefix = request.query_params.get("prefix", "")
+
+    def compute() -> tuple[int, Any]:
+        out = [
+            encode.variable(v, with_items=False, lock_id=True)
+            for (var_ns, path), v in sorted(b.table(VARIABLES).items())
+            if (ns == "*" or var_ns == ns) and path.startswith(prefix)
+        ]
+        return b.index(VARIABLES), out
+
+    return await b.run((VARIABLES,), compute)
+
+
+# -- event stream ---------------------------------------------------------------------
+
+
+async def event_stream(request: Request, sim: Simulator) -> Response:
+    raw_index = request.query_params.get("index") or "0"
+    try:
+        from_index = int(raw_index)
+    except ValueError:
+        raise NomadError(
+            400, f'Unable to parse index: strconv.Atoi: parsing "{raw_index}": invalid syntax'
+        ) from None
+    try:
+        topics = parse_topics(request.query_params.getlist("topic"))
+    except ValueError as exc:
+        raise NomadError(400, f"Invalid topic query: error parsing topics: {exc}") from None
+    sub = sim.broker.subscribe(Subscription(topics, namespace_of(request)), from_index)
+
+    async def frames() -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        interval = sim.config.heartbeat_interval_ms / 1000
+        sent = 0
+        try:
+            if not sim.faults.heartbeat_loss:
+                yield b"{}\n"
+            next_beat = loop.time() + interval
+            while True:
+                try:
+                    frame = await asyncio.wait_for(
+                        sub.queue.get(), max(0.0, next_beat - loop.time())
+                    )
+                except TimeoutError:
+                    if not sim.faults.heartbeat_loss:
+                        yield b"{}\n"
+                    next_beat = loop.time() + interval
+                    continue
+                if frame is None:
+                    return
+                line = dumps(frame) + b"\n"
+                yield line
+                if (
+                    sim.faults.event_duplicate_rate
+                    and sim.fault_rng.random() < sim.faults.event_duplicate_rate
+                ):
+                    yield line
+                sent += 1
+                cut = sim.faults.event_stream_cut_every
+                if cut and sent >= cut:
+                    return
+        finally:
+            sim.broker.unsubscribe(sub)
+
+    return StreamingResponse(
+        frames(), media_type="application/json", headers={"Cache-Control": "no-cache"}
+    )
+
+
+# -- status and agent -------------------------------------------------------------------
+
+
+async def status_leader(request: Request, sim: Simulator) -> Response:
+    return json_response("127.0.0.1:4647")
+
+
+async def regions(request: Request, sim: Simulator) -> Response:
+    return json_response(["global"])
+
+
+async def agent_self(request: Request, sim: Simulator) -> Response:
+    return json_response(
+        {
+            "config": {
+                "Region": "global",
+                "Datacenter": "dc1",
+                "NodeName": "nomad-sim",
+                "Version": {"Version": "1.11.1", "VersionPrerelease": "", "Revision": "sim"},
+                "ACL": {"Enabled": sim.config.acl_token is not None},
+            },
+            "member": {
+                "Name": "nomad-sim.global",
+                "Addr": "127.0.0.1",
+                "Port": 4648,
+                "Tags": {"region": "global", "dc": "dc1", "role": "nomad", "build": "1.11.1"},
+                "Status": "alive",
+            },
+            "stats": {"nomad": {"leader": "true", "server": "true", "known_regions": "1"}},
+        }
+    )
+
+
+# -- simulator controls (/_sim) ---------------------------------------------------------
+
+
+async def sim_faults(request: Request, sim: Simulator) -> Response:
+    if request.method == "PUT":
+        body = await read_body(request)
+        try:
+            sim.faults.update(body)
+        except ValueError as exc:
+            raise NomadError(400, str(exc)) from None
+    return json_response(sim.faults.as_dict())
+
+
+async def sim_stats(request: Request, sim: Simulator) -> Response:
+    return json_response(sim.stats())
+
+
+async def sim_alloc_oom(request: Request, sim: Simulator) -> Response:
+    sim.task_exit(request.path_params["alloc_id"], oom=True)
+    return json_response({"Index": sim.store.index})
+
+
+async def sim_alloc_crash(request: Request, sim: Simulator) -> Response:
+    sim.task_exit(request.path_params["alloc_id"], oom=False)
+    return json_response({"Index": sim.store.index})
+
+
+async def sim_node_down(request: Request, sim: Simulator) -> Response:
+    sim.set_node_status(request.path_params["node_id"], "down")
+    return json_response({"Index": sim.store.index})
+
+
+async def sim_node_up(request: Request, sim: Simulator) -> Response:
+    sim.set_node_status(request.path_params["node_id"], "ready")
+    return json_response({"Index": sim.store.index})
+
+
+# -- wiring ---------------------------------------------------------------------------
+
+
+def _wrap(
+    sim: Simulator, template: str, handler: Handler
+) -> Callable[[Request], Awaitable[Response]]:
+    nomad_api = template.startswith("/v1/")
+
+    async def endpoint(request: Request) -> Response:
+        key = f"{request.method} {template}"
+        sim.requests[key] = sim.requests.get(key, 0) + 1
+        if nomad_api and sim.config.acl_token is not None:
+            token = request.headers.get("X-Nomad-Token")
+            auth = request.headers.get("Authorization", "")
+            if auth.startswith("Bearer "):
+                token = token or auth[7:]
+            if token != sim.config.acl_token:
+                return text(403, "Permission denied")
+        if nomad_api:
+            faults = sim.faults
+            if faults.http_latency_ms:
+                await asyncio.sleep(faults.http_latency_ms / 1000)
+            if faults.http_error_rate and sim.fault_rng.random() < faults.http_error_rate:
+                return text(500, "No cluster leader")
+        try:
+            return await handler(request, sim)
+        except NomadError as exc:
+            if exc.body is not None:
+                return json_response(exc.body, status=exc.status)
+            return text(exc.status, exc.text)
+
+    return endpoint
+
+
+def routes(sim: Simulator) -> list[BaseRoute]:
+    table: list[tuple[str, Handler, list[str]]] = [
+        ("/v1/jobs", list_jobs, ["GET"]),
+        ("/v1/jobs", register_job, ["PUT", "POST"]),
+        ("/v1/job/{job_id}", job_route, ["GET", "PUT", "POST", "DELETE"]),
+        ("/v1/job/{job_id}/allocations", job_allocations, ["GET"]),
+        ("/v1/job/{job_id}/evaluations", job_evaluations, ["GET"]),
+        ("/v1/job/{job_id}/summary", job_summary, ["GET"]),
+        ("/v1/job/{job_id}/versions", job_versions, ["GET"]),
+        ("/v1/job/{job_id}/evaluate", job_evaluate, ["PUT", "POST"]),
+        ("/v1/allocations", list_allocations, ["GET"]),
+        ("/v1/allocation/{alloc_id}", get_allocation, ["GET"]),
+        ("/v1/allocation/{alloc_id}/stop", stop_allocation, ["PUT", "POST"]),
+        ("/v1/evaluations", list_evaluations, ["GET"]),
+        ("/v1/evaluation/{eval_id}", get_evaluation, ["GET"]),
+        ("/v1/evaluation/{eval_id}/allocations", evaluation_allocations, ["GET"]),
+        ("/v1/nodes", list_nodes, ["GET"]),
+        ("/v1/node/{node_id}", get_node, ["GET"]),
+        ("/v1/node/{node_id}/allocations", node_allocations, ["GET"]),
+        ("/v1/node/{node_id}/drain", drain_node, ["PUT", "POST"]),
+        ("/v1/node/{node_id}/eligibility", node_eligibility, ["PUT", "POST"]),
+        ("/v1/vars", list_variables, ["GET"]),
+        ("/v1/var/{path:path}", variable_route, ["GET", "PUT", "DELETE", "POST"]),
+        ("/v1/event/stream", event_stream, ["GET"]),
+        ("/v1/status/leader", status_leader, ["GET"]),
+        ("/v1/regions", regions, ["GET"]),
+        ("/v1/agent/self", agent_self, ["GET"]),
+        ("/_sim/faults", sim_faults, ["GET", "PUT"]),
+        ("/_sim/stats", sim_stats, ["GET"]),
+        ("/_sim/allocation/{alloc_id}/oom", sim_alloc_oom, ["POST"]),
+        ("/_sim/allocation/{alloc_id}/crash", sim_alloc_crash, ["POST"]),
+        ("/_sim/node/{node_id}/down", sim_node_down, ["POST"]),
+        ("/_sim/node/{node_id}/up", sim_node_up, ["POST"]),
+    ]
+    return [
+        Route(path, _wrap(sim, path, handler), methods=methods) for path, handler, methods in table
+    ]

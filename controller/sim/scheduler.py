@@ -1,0 +1,404 @@
+"""Evaluations and placement: Nomad's generic (service/batch) scheduler, reduced
+to what changes allocations.
+
+An evaluation is processed shortly after it is created (never inside the
+request that created it): the scheduler compares the job's task groups with
+the job's allocations, stops what is not needed (job stopped, count lowered,
+node down, migration, destructive update, reschedule), updates unchanged
+allocations in place, places what is missing on eligible nodes with capacity,
+and commits all of it as one `PlanResult` transaction. Unplaceable allocations
+leave a blocked evaluation that is retried when capacity appears."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from controller.sim.encode import SECOND, group_of
+from controller.sim.records import (
+    COMPLETE,
+    FAILED,
+    LOST,
+    Alloc,
+    Eval,
+    JsonDict,
+    Node,
+    RescheduleEvent,
+)
+from controller.sim.state import stamp_alloc
+
+if TYPE_CHECKING:
+    from controller.sim.core import Simulator
+
+NOT_NEEDED = "alloc not needed due to job update"
+MIGRATING = "alloc is being migrated"
+LOST_DESC = "alloc is lost since its node is down"
+RESCHEDULED = "alloc was rescheduled because it failed"
+UPDATING = "alloc is being updated due to job update"
+
+# Task-group fields whose change means a task must be restarted (destructive).
+DESTRUCTIVE_GROUP_FIELDS = ("Tasks", "Networks", "EphemeralDisk", "Volumes")
+
+
+@dataclass
+class Plan:
+    stops: dict[str, Alloc] = field(default_factory=dict)
+    places: list[Alloc] = field(default_factory=list)
+    updates: list[Alloc] = field(default_factory=list)
+    queued: dict[str, int] = field(default_factory=dict)
+    failed_groups: dict[str, JsonDict] = field(default_factory=dict)
+    followups: list[Eval] = field(default_factory=list)
+    # new alloc id -> (old alloc id, ordering) for migrations
+    migrations: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def empty(self) -> bool:
+        return not (self.stops or self.places or self.updates)
+
+
+class Scheduler:
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        self.blocked: dict[tuple[str, str], str] = {}  # job -> blocked eval id
+
+    # -- evaluation queue -------------------------------------------------------
+
+    def enqueue(self, eval_id: str, delay_s: float = 0.0) -> None:
+        self.sim.timers.call_later(delay_s, lambda: self.process(eval_id))
+
+    def unblock_all(self) -> None:
+        """Capacity changed: retry every blocked evaluation."""
+        blocked, self.blocked = self.blocked, {}
+        if not blocked:
+            return
+        store = self.sim.store
+        with store.txn("EvalUpdate") as tx:
+            for eval_id in blocked.values():
+                ev = store.evals.get(eval_id)
+                if ev is not None and ev.status == "blocked":
+                    tx.put_eval(self.sim.stamp_eval(replace(ev, status="pending"), tx.index))
+        for eval_id in blocked.values():
+            self.enqueue(eval_id)
+
+    def process(self, eval_id: str) -> None:
+        sim = self.sim
+        store = sim.store
+        ev = store.evals.get(eval_id)
+        if ev is None or ev.status != "pending":
+            return
+        now = sim.clock.now_ns()
+        if ev.wait_until > now:
+            self.enqueue(eval_id, (ev.wait_until - now) / SECOND)
+            return
+        plan = self.compute(ev, now)
+        if plan.followups:
+            with store.txn("EvalUpdate") as tx:
+                for follow in plan.followups:
+                    tx.put_eval(sim.stamp_eval(follow, tx.index))
+            for follow in plan.followups:
+                self.enqueue(follow.id, max(0.0, (follow.wait_until - now) / SECOND))
+        if not plan.empty():
+            with store.txn("ApplyPlanResults") as tx:
+                for alloc in [*plan.stops.values(), *plan.updates, *plan.places]:
+                    tx.put_alloc(stamp_alloc(alloc, tx.index, now))
+            sim.migrations.update(plan.migrations)
+            for alloc in plan.stops.values():
+                sim.client.on_stop(store.allocs[alloc.id])
+            for alloc in plan.places:
+                sim.client.on_placed(store.allocs[alloc.id])
+        blocked_id = ""
+        key = (ev.namespace, ev.job_id)
+        if plan.failed_groups and key not in self.blocked:
+            blocked_id = sim.new_id()
+        with store.txn("EvalUpdate") as tx:
+            done = replace(
+                ev,
+                status="complete",
+                blocked_eval=blocked_id,
+                failed_tg_allocs=tuple(plan.failed_groups.items()),
+                queued_allocations=tuple(plan.queued.items()),
+                snapshot_index=tx.index - 1,
+            )
+            tx.put_eval(sim.stamp_eval(done, tx.index))
+            if blocked_id:
+                blocked = Eval(
+                    id=blocked_id,
+                    namespace=ev.namespace,
+                    priority=ev.priority,
+                    type=ev.type,
+                    triggered_by="queued-allocs",
+                    job_id=ev.job_id,
+                    job_modify_index=ev.job_modify_index,
+                    status="blocked",
+                    status_description="created to place remaining allocations",
+                    previous_eval=ev.id,
+                )
+                tx.put_eval(sim.stamp_eval(blocked, tx.index))
+                self.blocked[key] = blocked_id
+        sim.queued[key] = plan.queued
+        if plan.stops:
+            # Stopping frees capacity (Nomad's plan removes stopped allocations
+            # from the node at once), so queued placements may now fit.
+            self.unblock_all()
+
+    # -- planning -------------------------------------------------------------
+
+    def compute(self, ev: Eval, now: int) -> Plan:
+        sim = self.sim
+        plan = Plan()
+        rec = sim.store.job(ev.namespace, ev.job_id)
+        allocs = sim.store.job_allocs(ev.namespace, ev.job_id)
+        if rec is None or rec.stopped:
+            for a in allocs:
+                if a.desired_status == "run" and not a.client_terminal():
+                    plan.stops[a.id] = replace(
+                        a, desired_status="stop", desired_description=NOT_NEEDED
+                    )
+            return plan
+        job = rec.spec
+        for group in job["TaskGroups"]:
+            self._plan_group(
+                plan, ev, job, group, [a for a in allocs if a.task_group == group["Name"]], now
+            )
+        return plan
+
+    def _plan_group(
+        self, plan: Plan, ev: Eval, job: JsonDict, group: JsonDict, allocs: list[Alloc], now: int
+    ) -> None:
+        sim = self.sim
+        name = group["Name"]
+        count = int(group.get("Count") or 0)
+        live: list[Alloc] = []
+        # (alloc name, previous alloc, kind) of allocations to place again
+        replace_: list[tuple[str, Alloc, str]] = []
+        for a in allocs:
+            if a.desired_status != "run":
+                continue
+            node = sim.store.nodes.get(a.node_id)
+            if node is not None and node.status == "down" and not a.client_terminal():
+                plan.stops[a.id] = replace(
+                    a,
+                    desired_status="stop",
+                    desired_description=LOST_DESC,
+                    client_status=LOST,
+                    client_description="alloc is lost since its node is down",
+                )
+                replace_.append((a.name, a, "lost"))
+                continue
+            if a.migrate and not a.client_terminal():
+                plan.stops[a.id] = replace(a, desired_status="stop", desired_description=MIGRATING)
+                replace_.append((a.name, a, "migrate"))
+                continue
+            if a.client_status == FAILED:
+                when = self._reschedule_time(a, group, now)
+                if when is None:
+                    live.append(a)  # out of attempts: stays failed, not replaced
+                elif when <= now:
+                    plan.stops[a.id] = replace(
+                        a, desired_status="stop", desired_description=RESCHEDULED
+                    )
+                    replace_.append((a.name, a, "reschedule"))
+                else:
+                    live.append(a)
+                    if not a.followup_eval_id:
+                        follow = Eval(
+                            id=sim.new_id(),
+                            namespace=ev.namespace,
+                            priority=ev.priority,
+                            type=ev.type,
+                            triggered_by="alloc-failure",
+                            job_id=ev.job_id,
+                            job_modify_index=ev.job_modify_index,
+                            status="pending",
+                            status_description="created for delayed rescheduling",
+                            wait_until=when,
+                            previous_eval=ev.id,
+                        )
+                        plan.followups.append(follow)
+                        plan.updates.append(replace(a, followup_eval_id=follow.id))
+                continue
+            if a.client_status == LOST:
+                continue
+            if a.client_status == COMPLETE:
+                if job["Type"] in ("batch", "sysbatch"):
+                    live.append(a)  # finished batch work is done, not replaced
+                continue
+            old_group = group_of(a.job, name) or {}
+            if any(old_group.get(f) != group.get(f) for f in DESTRUCTIVE_GROUP_FIELDS):
+                plan.stops[a.id] = replace(a, desired_status="stop", desired_description=UPDATING)
+                replace_.append((a.name, a, "update"))
+                continue
+            if a.job.get("JobModifyIndex") != job["JobModifyIndex"]:
+                plan.updates.append(replace(a, job=job))
+            live.append(a)
+
+        # Too many: stop the highest-indexed unneeded ones, never-started first.
+        total = len(live) + len(replace_)
+        if total > count:
+            excess = total - count
+            drop = min(excess, len(replace_))
+            replace_ = replace_[: len(replace_) - drop] if drop else replace_
+            excess -= drop
+            candidates = sorted(
+                (a for a in live if not a.client_terminal()),
+                key=lambda a: (a.client_status != "pending", -_name_index(a.name)),
+            )
+            for a in candidates[:excess]:
+                plan.stops[a.id] = replace(a, desired_status="stop", desired_description=NOT_NEEDED)
+                plan.updates = [u for u in plan.updates if u.id != a.id]
+
+        used = {a.name for a in live} | {n for n, _, _ in replace_}
+        missing = [
+            f"{job['ID']}.{name}[{i}]"
+            for i in range(count)
+            if f"{job['ID']}.{name}[{i}]" not in used
+        ]
+        slots: list[tuple[str, Alloc | None, str]] = [
+            *replace_,
+            *((n, None, "new") for n in missing),
+        ]
+        avoid_nodes = {prev.node_id for _, prev, kind in replace_ if kind in ("migrate", "lost")}
+        for alloc_name, prev, kind in slots:
+            node = self._pick_node(job, group, plan, avoid_nodes if prev is not None else set())
+            if node is None:
+                plan.queued[name] = plan.queued.get(name, 0) + 1
+                plan.failed_groups[name] = _failed_metric(len(sim.store.nodes))
+                continue
+            new = self._new_alloc(ev, job, group, alloc_name, node, now)
+            if prev is not None:
+                new, prev_update = self._link(new, prev, kind, group, now)
+                plan.stops[prev.id] = replace(plan.stops[prev.id], next_allocation=new.id)
+                if kind == "migrate":
+                    plan.migrations[new.id] = (prev.id, prev_update)
+            plan.places.append(new)
+
+    def _link(
+        self, new: Alloc, prev: Alloc, kind: str, group: JsonDict, now: int
+    ) -> tuple[Alloc, str]:
+        """Tie a replacement to the allocation it replaces."""
+        if kind == "migrate":
+            ordering = self.sim.migration_ordering()
+            if ordering == "client":
+                return replace(new, previous_allocation=prev.id), ordering
+            # As observed in production: no PreviousAllocation on a migration.
+            return new, ordering
+        if kind == "reschedule":
+            policy = group.get("ReschedulePolicy") or {}
+            event = RescheduleEvent(
+                reschedule_time=now,
+                prev_alloc_id=prev.id,
+                prev_node_id=prev.node_id,
+                delay_ns=_reschedule_delay(policy, len(prev.reschedule_events)),
+            )
+            return (
+                replace(
+                    new,
+                    previous_allocation=prev.id,
+                    reschedule_events=(*prev.reschedule_events, event),
+                ),
+                "",
+            )
+        return replace(new, previous_allocation=prev.id), ""
+
+    def _reschedule_time(self, a: Alloc, group: JsonDict, now: int) -> int | None:
+        policy = group.get("ReschedulePolicy") or {}
+        interval = int(policy.get("Interval") or 0)
+        attempts = int(policy.get("Attempts") or 0)
+        if not policy.get("Unlimited"):
+            recent = [
+                e
+                for e in a.reschedule_events
+                if interval == 0 or now - e.reschedule_time < interval
+            ]
+            if len(recent) >= attempts:
+                return None
+        failed_at = max((ts.finished_at for _, ts in a.task_states), default=0) or a.modify_time
+        return failed_at + _reschedule_delay(policy, len(a.reschedule_events))
+
+    def _new_alloc(
+        self, ev: Eval, job: JsonDict, group: JsonDict, name: str, node: Node, now: int
+    ) -> Alloc:
+        alloc_id = self.sim.new_id()
+        self.sim.assign_ports(alloc_id, node, group)
+        return Alloc(
+            id=alloc_id,
+            namespace=job["Namespace"],
+            eval_id=ev.id,
+            name=name,
+            node_id=node.id,
+            node_name=node.name,
+            job_id=job["ID"],
+            job=job,
+            task_group=group["Name"],
+        )
+
+    def _pick_node(
+        self, job: JsonDict, group: JsonDict, plan: Plan, avoid: set[str]
+    ) -> Node | None:
+        """Spread: the eligible node with room that runs the fewest allocations
+        of this job, then the least loaded; ties go to the first node."""
+        sim = self.sim
+        cpu, mem = _group_demand(group)
+        best: tuple[tuple[int, float, int], Node] | None = None
+        for order, node in enumerate(sim.store.nodes.values()):
+            if node.status != "ready" or node.eligibility != "eligible" or node.id in avoid:
+                continue
+            used_cpu, used_mem, same_job = sim.node_usage(node.id, job["ID"], plan)
+            if used_cpu + cpu > node.cpu_mhz or used_mem + mem > node.memory_mb:
+                continue
+            key = (same_job, used_cpu / max(node.cpu_mhz, 1), order)
+            if best is None or key < best[0]:
+                best = (key, node)
+        return best[1] if best else None
+
+
+def _group_demand(group: JsonDict) -> tuple[int, int]:
+    cpu = mem = 0
+    for task in group.get("Tasks") or []:
+        res = task.get("Resources") or {}
+        cpu += int(res.get("CPU") or 0)
+        mem += int(res.get("MemoryMB") or 0)
+    return cpu, mem
+
+
+def _name_index(name: str) -> int:
+    try:
+        return int(name.rsplit("[", 1)[1].rstrip("]"))
+    except (IndexError, ValueError):
+        return 0
+
+
+def _reschedule_delay(policy: JsonDict, previous: int) -> int:
+    delay = int(policy.get("Delay") or 0)
+    max_delay = int(policy.get("MaxDelay") or 0)
+    function = policy.get("DelayFunction") or "constant"
+    if function == "exponential":
+        delay = delay * (2**previous)
+    elif function == "fibonacci":
+        a, b = delay, delay
+        for _ in range(previous):
+            a, b = b, a + b
+        delay = a
+    if max_delay and delay > max_delay:
+        delay = max_delay
+    return delay
+
+
+def _failed_metric(nodes: int) -> JsonDict:
+    return {
+        "NodesEvaluated": nodes,
+        "NodesFiltered": 0,
+        "NodesInPool": nodes,
+        "NodePool": "default",
+        "NodesAvailable": {"dc1": nodes},
+        "ClassFiltered": None,
+        "ConstraintFiltered": None,
+        "NodesExhausted": nodes,
+        "ClassExhausted": None,
+        "DimensionExhausted": {"cpu": nodes},
+        "QuotaExhausted": None,
+        "ResourcesExhausted": None,
+        "Scores": None,
+        "ScoreMetaData": None,
+        "AllocationTime": 0,
+        "CoalescedFailures": 0,
+    }

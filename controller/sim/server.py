@@ -1,0 +1,124 @@
+"""Serving the simulator: a Starlette app on uvicorn, either in the
+foreground (the `sim` command, until SIGINT/SIGTERM) or on a background
+thread (tests and the `dev` command), with a clean stop either way.
+
+Open event streams and blocked queries would hold uvicorn's graceful shutdown
+for their full duration, so stopping first closes them from the simulator's
+side, then lets uvicorn exit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from types import FrameType
+
+import uvicorn
+from starlette.applications import Starlette
+
+from controller.sim.core import SimConfig, Simulator
+from controller.sim.http import routes
+
+
+def create_app(sim: Simulator) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        sim.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            sim.stop()
+
+    return Starlette(routes=routes(sim), lifespan=lifespan)
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, sim: Simulator) -> None:
+        super().__init__(config)
+        self.sim = sim
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.sim.stop()
+        super().handle_exit(sig, frame)
+
+
+class SimServer:
+    """A simulator listening on host:port (port 0 picks a free port)."""
+
+    def __init__(self, config: SimConfig | None = None, host: str = "127.0.0.1", port: int = 0):
+        self.sim = Simulator(config)
+        uv_config = uvicorn.Config(
+            create_app(self.sim),
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+        )
+        self._server = _Server(uv_config, self.sim)
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.host = host
+
+    @property
+    def port(self) -> int:
+        for server in self._server.servers:
+            for sock in server.sockets:
+                return int(sock.getsockname()[1])
+        raise RuntimeError("simulator is not listening")
+
+    @property
+    def address(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def serve_forever(self) -> None:
+        """Run in the foreground until SIGINT or SIGTERM."""
+        self._server.run()
+
+    def start(self, timeout: float = 10.0) -> str:
+        """Start on a background thread; return the base address once it listens."""
+        started = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            task = loop.create_task(self._server.serve())
+            loop.call_soon(started.set)
+            loop.run_until_complete(task)
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="nomad-sim", daemon=True)
+        # uvicorn captures signals only on the main thread, so none are touched here.
+        self._thread.start()
+        started.wait(timeout)
+        deadline = threading.Event()
+        waited = 0.0
+        while not self._server.started:
+            if not self._thread.is_alive() or waited > timeout:
+                raise RuntimeError("simulator failed to start")
+            deadline.wait(0.01)
+            waited += 0.01
+        return self.address
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._thread is None or self._loop is None:
+            return
+        loop = self._loop
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self.sim.stop)
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        self._thread = None
+
+    def call(self, fn: object) -> object:
+        """Run a zero-argument callable on the simulator's loop and return its result."""
+        assert self._loop is not None
+        assert callable(fn)
+
+        async def run() -> object:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)

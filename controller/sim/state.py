@@ -1,0 +1,258 @@
+"""The simulator's state store: tables, one global raft-like index, watches
+for blocking queries, and an undo log so list reads can lag like a follower's.
+
+Every write happens in a transaction (`with store.txn(msg_type) as tx`) that
+takes exactly one new index, like one raft apply in Nomad; at commit the
+changes go to the listeners (the event broker) as one batch and blocked
+readers of the touched tables wake up. All access happens on the simulator's
+event loop thread, so nothing here needs a lock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+from controller.sim.records import Alloc, Eval, JobRecord, Node, Variable
+
+JOBS = "jobs"
+JOB_SUMMARY = "job_summary"
+ALLOCS = "allocs"
+EVALS = "evals"
+NODES = "nodes"
+VARIABLES = "variables"
+TABLES = (JOBS, JOB_SUMMARY, ALLOCS, EVALS, NODES, VARIABLES)
+
+# How many past changes the undo log keeps for stale reads.
+UNDO_DEPTH = 4096
+
+
+@dataclass(frozen=True)
+class Change:
+    table: str
+    key: Any
+    before: Any  # None when created
+    after: Any  # None when deleted
+
+
+@dataclass(frozen=True)
+class Commit:
+    index: int
+    msg_type: str
+    changes: tuple[Change, ...]
+
+
+class Txn:
+    def __init__(self, store: StateStore, msg_type: str, index: int) -> None:
+        self.store = store
+        self.msg_type = msg_type
+        self.index = index
+        self.changes: list[Change] = []
+
+    def _record(self, table: str, key: Any, after: Any) -> None:
+        tbl: dict[Any, Any] = self.store.tables[table]
+        before = tbl.get(key)
+        if after is None:
+            tbl.pop(key, None)
+        else:
+            tbl[key] = after
+        self.changes.append(Change(table, key, before, after))
+
+    def put_job(self, rec: JobRecord) -> None:
+        self._record(JOBS, (rec.namespace, rec.id), rec)
+
+    def delete_job(self, namespace: str, job_id: str) -> None:
+        self._record(JOBS, (namespace, job_id), None)
+
+    def put_alloc(self, alloc: Alloc) -> None:
+        self.store._index_alloc(alloc)
+        self._record(ALLOCS, alloc.id, alloc)
+
+    def delete_alloc(self, alloc_id: str) -> None:
+        old = self.store.allocs.get(alloc_id)
+        if old is not None:
+            self.store._unindex_alloc(old)
+        self._record(ALLOCS, alloc_id, None)
+
+    def put_eval(self, ev: Eval) -> None:
+        self.store.evals_by_job.setdefault((ev.namespace, ev.job_id), set()).add(ev.id)
+        self._record(EVALS, ev.id, ev)
+
+    def put_node(self, node: Node) -> None:
+        self._record(NODES, node.id, node)
+
+    def put_variable(self, var: Variable) -> None:
+        self._record(VARIABLES, (var.namespace, var.path), var)
+
+    def delete_variable(self, namespace: str, path: str) -> None:
+        self._record(VARIABLES, (namespace, path), None)
+
+
+class StateStore:
+    def __init__(self, monotonic: Callable[[], float]) -> None:
+        self._monotonic = monotonic
+        self.index = 1
+        self.jobs: dict[tuple[str, str], JobRecord] = {}
+        self.allocs: dict[str, Alloc] = {}
+        self.evals: dict[str, Eval] = {}
+        self.nodes: dict[str, Node] = {}
+        self.variables: dict[tuple[str, str], Variable] = {}
+        self.tables: dict[str, dict[Any, Any]] = {
+            JOBS: self.jobs,
+            ALLOCS: self.allocs,
+            EVALS: self.evals,
+            NODES: self.nodes,
+            VARIABLES: self.variables,
+        }
+        self.table_index: dict[str, int] = dict.fromkeys(TABLES, 1)
+        # Secondary indexes Nomad's memdb keeps too.
+        self.allocs_by_job: dict[tuple[str, str], set[str]] = {}
+        self.allocs_by_node: dict[str, set[str]] = {}
+        self.summary_index: dict[tuple[str, str], int] = {}
+        self.jobs_ever_registered = 0
+        self.evals_by_job: dict[tuple[str, str], set[str]] = {}
+        self._listeners: list[Callable[[Commit], None]] = []
+        # Runs inside every transaction before it commits (Nomad's setJobStatus).
+        self.pre_commit: Callable[[Txn], None] | None = None
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {t: set() for t in TABLES}
+        # (index, monotonic time, change) newest last, for stale reads.
+        self._undo: deque[tuple[int, float, Change]] = deque(maxlen=UNDO_DEPTH)
+        self._in_txn = False
+
+    # -- writes ---------------------------------------------------------------
+
+    def add_listener(self, fn: Callable[[Commit], None]) -> None:
+        self._listeners.append(fn)
+
+    @contextmanager
+    def txn(self, msg_type: str) -> Iterator[Txn]:
+        if self._in_txn:
+            raise RuntimeError("nested state transaction")
+        self._in_txn = True
+        tx = Txn(self, msg_type, self.index + 1)
+        try:
+            yield tx
+            if tx.changes and self.pre_commit is not None:
+                self.pre_commit(tx)
+        finally:
+            self._in_txn = False
+        if not tx.changes:
+            return
+        self.index = tx.index
+        now = self._monotonic()
+        touched: set[str] = set()
+        for ch in tx.changes:
+            touched.add(ch.table)
+            self.table_index[ch.table] = tx.index
+            self._undo.append((tx.index, now, ch))
+            if ch.table == ALLOCS:
+                a = ch.after or ch.before
+                self.summary_index[(a.namespace, a.job_id)] = tx.index
+                self.table_index[JOB_SUMMARY] = tx.index
+                touched.add(JOB_SUMMARY)
+        commit = Commit(tx.index, msg_type, tuple(tx.changes))
+        for fn in self._listeners:
+            fn(commit)
+        for table in touched:
+            for fut in self._waiters[table]:
+                if not fut.done():
+                    fut.set_result(None)
+            self._waiters[table].clear()
+
+    def _index_alloc(self, alloc: Alloc) -> None:
+        self.allocs_by_job.setdefault((alloc.namespace, alloc.job_id), set()).add(alloc.id)
+        self.allocs_by_node.setdefault(alloc.node_id, set()).add(alloc.id)
+
+    def _unindex_alloc(self, alloc: Alloc) -> None:
+        self.allocs_by_job.get((alloc.namespace, alloc.job_id), set()).discard(alloc.id)
+        self.allocs_by_node.get(alloc.node_id, set()).discard(alloc.id)
+
+    # -- reads ----------------------------------------------------------------
+
+    def job(self, namespace: str, job_id: str) -> JobRecord | None:
+        return self.jobs.get((namespace, job_id))
+
+    def job_allocs(self, namespace: str, job_id: str) -> list[Alloc]:
+        ids = self.allocs_by_job.get((namespace, job_id), ())
+        return sorted((self.allocs[i] for i in ids), key=lambda a: a.create_index)
+
+    def node_allocs(self, node_id: str) -> list[Alloc]:
+        ids = self.allocs_by_node.get(node_id, ())
+        return sorted((self.allocs[i] for i in ids), key=lambda a: a.create_index)
+
+    def job_evals(self, namespace: str, job_id: str) -> list[Eval]:
+        ids = self.evals_by_job.get((namespace, job_id), ())
+        return sorted((self.evals[i] for i in ids), key=lambda e: e.create_index)
+
+    def max_index(self, *tables: str) -> int:
+        return max(self.table_index[t] for t in tables)
+
+    def view(self, table: str, at_index: int) -> dict[Any, Any]:
+        """The table as a follower that has applied up to `at_index` sees it."""
+        current: dict[Any, Any] = self.tables[table]
+        newer = [ch for idx, _, ch in self._undo if idx > at_index and ch.table == table]
+        if not newer:
+            return current
+        snapshot = dict(current)
+        for ch in reversed(newer):
+            if ch.before is None:
+                snapshot.pop(ch.key, None)
+            else:
+                snapshot[ch.key] = ch.before
+        return snapshot
+
+    def index_at(self, seconds_ago: float) -> int:
+        """The newest index committed at least `seconds_ago` seconds ago."""
+        cutoff = self._monotonic() - seconds_ago
+        result = self.index
+        for idx, when, _ in reversed(self._undo):
+            if when <= cutoff:
+                return min(result, idx)
+            result = idx - 1
+        return max(1, result)
+
+    # -- blocking queries -----------------------------------------------------
+
+    async def wait_for_change(self, tables: Iterable[str], timeout: float) -> None:
+        """Return when any of `tables` is written to, or after `timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        tables = tuple(tables)
+        for t in tables:
+            self._waiters[t].add(fut)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            for t in tables:
+                self._waiters[t].discard(fut)
+
+    def wake_all(self) -> None:
+        """Release every blocked reader (used at shutdown)."""
+        for waiters in self._waiters.values():
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+            waiters.clear()
+
+
+def stamp_alloc(alloc: Alloc, index: int, now_ns: int, client: bool = False) -> Alloc:
+    """Set the index fields Nomad sets when an allocation is written.
+
+    AllocModifyIndex moves only on server-side changes, not on client updates."""
+    if alloc.create_index == 0:
+        return replace(
+            alloc,
+            create_index=index,
+            modify_index=index,
+            alloc_modify_index=index,
+            create_time=now_ns,
+            modify_time=now_ns,
+        )
+    if client:
+        return replace(alloc, modify_index=index, modify_time=now_ns)
+    return replace(alloc, modify_index=index, alloc_modify_index=index, modify_time=now_ns)
