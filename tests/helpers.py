@@ -103,3 +103,47 @@ class EventReader:
 
     def close(self) -> None:
         self._response.close()
+
+
+class Http:
+    """Minimal raw HTTP access to the simulator, for asserting exact wire behaviour."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.session = requests.Session()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        kwargs.setdefault("timeout", 10)
+        return self.session.request(method, self.address + path, **kwargs)
+
+    def get(self, path: str, **params: Any) -> Any:
+        response = self.request("GET", path, params=params)
+        assert response.status_code == 200, (path, response.status_code, response.text)
+        return response.json()
+
+    def register(self, job: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        response = self.request("PUT", "/v1/jobs", json={"Job": job, **extra})
+        assert response.status_code == 200, response.text
+        result: dict[str, Any] = response.json()
+        return result
+
+    def allocs(self, job_id: str) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.get(f"/v1/job/{job_id}/allocations")
+        return result
+
+    def alloc(self, alloc_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.get(f"/v1/allocation/{alloc_id}")
+        return result
+
+    def running(self, job_id: str, n: int = 1) -> list[dict[str, Any]]:
+        """Wait until the job has n running allocations that should run; return them."""
+
+        def check() -> list[dict[str, Any]]:
+            allocs = [
+                a
+                for a in self.allocs(job_id)
+                if a["ClientStatus"] == "running" and a["DesiredStatus"] == "run"
+            ]
+            return allocs if len(allocs) == n else []
+
+        return wait_until(check)

@@ -278,13 +278,18 @@ class Client:
         ts = next(iter(dict(alloc.task_states).values()), TaskState())
         # Restarts are counted per interval, from the first restart in it.
         window_start = self._window_start.get(alloc_id, 0)
-        if interval and now - window_start >= interval:
+        scale = self.sim.config.time_scale
+        if interval and now - window_start >= interval * scale:
             window_start = now
             self._window_start[alloc_id] = now
             self._window_count[alloc_id] = 0
         used = self._window_count.get(alloc_id, 0)
         if used < attempts or mode == "delay":
-            wait = delay if used < attempts else max(delay, window_start + interval - now)
+            wait = (
+                delay
+                if used < attempts
+                else max(delay, int((window_start + interval * scale - now) / scale))
+            )
             self._window_count[alloc_id] = used + 1 if used < attempts else 0
             restarting = TaskEvent(
                 "Restarting",
@@ -296,7 +301,8 @@ class Client:
             alloc = self._with_event(alloc, restarting, state=PENDING)
             alloc = replace(alloc, client_status=PENDING, client_description="Tasks are pending")
             self._update(alloc)
-            self._later(alloc_id, wait / SECOND, lambda: self._restart(alloc_id))
+            scaled = wait / SECOND * self.sim.config.time_scale
+            self._later(alloc_id, scaled, lambda: self._restart(alloc_id))
             return True
         not_restarting = TaskEvent(
             "Not Restarting",

@@ -70,6 +70,10 @@ class SimConfig:
     node_memory_mb: int = 131_072
     # How far behind the leader a stale list read may be.
     stale_lag_ms: float = 500.0
+    # Multiplies durations that come from Nomad objects (restart and reschedule
+    # delays, drain deadlines, lock TTLs and delays) so tests can run a 10 s
+    # lock TTL in 10 ms. 1.0 is real time.
+    time_scale: float = 1.0
 
 
 @dataclass

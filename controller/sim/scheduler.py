@@ -307,12 +307,13 @@ class Scheduler:
             recent = [
                 e
                 for e in a.reschedule_events
-                if interval == 0 or now - e.reschedule_time < interval
+                if interval == 0 or now - e.reschedule_time < interval * self.sim.config.time_scale
             ]
             if len(recent) >= attempts:
                 return None
         failed_at = max((ts.finished_at for _, ts in a.task_states), default=0) or a.modify_time
-        return failed_at + _reschedule_delay(policy, len(a.reschedule_events))
+        delay = _reschedule_delay(policy, len(a.reschedule_events))
+        return failed_at + int(delay * self.sim.config.time_scale)
 
     def _new_alloc(
         self, ev: Eval, job: JsonDict, group: JsonDict, name: str, node: Node, now: int

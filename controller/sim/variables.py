@@ -206,7 +206,7 @@ class Variables:
         key = (ns, path)
         self.sim.timers.cancel(self._ttl_timers.pop(key, None))
         self._ttl_timers[key] = self.sim.timers.call_later(
-            2 * lock.ttl_ns / SECOND, lambda: self._expire(key, lock)
+            2 * lock.ttl_ns / SECOND * self.sim.config.time_scale, lambda: self._expire(key, lock)
         )
 
     def _disarm(self, ns: str, path: str) -> None:
@@ -220,7 +220,10 @@ class Variables:
         if current is None or current.lock is None or current.lock.id != lock.id:
             return
         self._dead.add(key)
-        self.sim.timers.call_later(lock.lock_delay_ns / SECOND, lambda: self._remove(key, lock))
+        self.sim.timers.call_later(
+            lock.lock_delay_ns / SECOND * self.sim.config.time_scale,
+            lambda: self._remove(key, lock),
+        )
 
     def _remove(self, key: tuple[str, str], lock: VariableLock) -> None:
         self._dead.discard(key)
