@@ -3,7 +3,9 @@ job builders in Poseidon's runner layout, and a small event-stream reader."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -102,7 +104,14 @@ class EventReader:
         ]
 
     def close(self) -> None:
+        # Closing the response from another thread waits for the reader's
+        # blocking recv; shutting the socket down ends that recv at once.
+        sock = getattr(getattr(self._response.raw, "_connection", None), "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         self._response.close()
+        self._thread.join(5)
 
 
 class Http:

@@ -338,6 +338,7 @@ def _canonical_group(group: JsonDict, job_type: str) -> JsonDict:
         "EphemeralDisk": {"Sticky": False, "SizeMB": 300, "Migrate": False},
         "ReschedulePolicy": _merge(group.get("ReschedulePolicy"), RESCHEDULE_DEFAULTS[kind]),
         "ShutdownDelay": None,
+        "PreventRescheduleOnLost": False,
     }
     if kind == "service":
         defaults["Migrate"] = _merge(group.get("Migrate"), MIGRATE_DEFAULTS)
@@ -537,26 +538,40 @@ def allocated_resources(alloc: Alloc, ports: list[JsonDict], host_ip: str) -> Js
     disk = (group.get("EphemeralDisk") or {}).get("SizeMB", 0)
     networks = None
     if ports:
+        # NetworkResource and Port carry a struct-wide omitempty, like Allocation.
+        requested = (group.get("Networks") or [{}])[0]
         networks = [
-            {
-                "Mode": "host",
-                "Device": "",
-                "CIDR": "",
-                "IP": host_ip,
-                "Hostname": "",
-                "MBits": 0,
-                "DNS": None,
-                "ReservedPorts": None,
-                "DynamicPorts": [
-                    {
-                        "Label": p["Label"],
-                        "Value": p["Value"],
-                        "To": p["To"],
-                        "HostNetwork": "default",
-                    }
-                    for p in ports
-                ],
-            }
+            omitempty(
+                [
+                    ("Mode", requested.get("Mode") or "host"),
+                    ("IP", host_ip),
+                    (
+                        "DynamicPorts",
+                        [
+                            omitempty(
+                                [
+                                    ("Label", p["Label"]),
+                                    ("Value", p["Value"]),
+                                    ("To", p["To"]),
+                                    ("HostNetwork", "default"),
+                                ]
+                            )
+                            for p in ports
+                        ],
+                    ),
+                ]
+            )
+        ]
+        ports = [
+            omitempty(
+                [
+                    ("Label", p["Label"]),
+                    ("Value", p["Value"]),
+                    ("To", p["To"]),
+                    ("HostIP", p["HostIP"]),
+                ]
+            )
+            for p in ports
         ]
     return {
         "Tasks": tasks,

@@ -130,12 +130,15 @@ class EventBroker:
     def subscribe(self, sub: Subscription, from_index: int) -> Subscriber:
         """Register a subscriber and queue every buffered frame with Index >= from_index.
 
-        An index older than the buffer silently starts at the oldest frame."""
+        As in Nomad's event buffer: index 0 replays the whole buffer, an index
+        older than the buffer silently starts at the oldest frame, and one newer
+        than every frame delivers the newest frame again."""
         subscriber = Subscriber(sub)
-        if from_index > 0:
-            for frame in self._buffer:
-                if frame["Index"] >= from_index:
-                    subscriber.offer(frame)
+        frames = [f for f in self._buffer if f["Index"] >= from_index]
+        if not frames and self._buffer:
+            frames = [self._buffer[-1]]
+        for frame in frames:
+            subscriber.offer(frame)
         self._subscribers.add(subscriber)
         return subscriber
 

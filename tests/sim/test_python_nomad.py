@@ -7,8 +7,10 @@ stream's newline-delimited frames with `{}` heartbeats."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import nomad
@@ -400,6 +402,27 @@ def _next_event(q: queue.Queue[Any], match: Callable[[dict[str, Any]], bool]) ->
                 return dict(event)
 
 
+@contextlib.contextmanager
+def event_stream(
+    sim: SimServer, n: Any, **kwargs: Any
+) -> Iterator[tuple[threading.Thread, threading.Event, queue.Queue[Any]]]:
+    """python-nomad's stream helper, started, and always stopped afterwards.
+
+    Its thread is not a daemon and only checks `exit_event` after reading a
+    line, so it is stopped by setting the event and then closing the stream
+    (stopping the simulator); heartbeats alone would also wake it."""
+    thread, exit_event, q = n.event.stream.get_stream(**kwargs)
+    assert thread.daemon is False
+    thread.start()
+    try:
+        yield thread, exit_event, q
+    finally:
+        exit_event.set()
+        sim.stop()
+        thread.join(timeout=5)
+    assert not thread.is_alive(), "python-nomad's event stream thread did not stop"
+
+
 @pytest.mark.parametrize(
     "topic",
     [
@@ -411,11 +434,10 @@ def _next_event(q: queue.Queue[Any], match: Callable[[dict[str, Any]], bool]) ->
 def test_event_stream_helper(make_sim: Callable[..., SimServer], topic: Any) -> None:
     sim = make_sim()
     n = client(sim)
-    thread, exit_event, q = n.event.stream.get_stream(index=0, topic=topic, timeout=10)
-    # The helper's thread is not a daemon: it must be stopped for the run to end.
-    assert thread.daemon is False
-    thread.start()
-    try:
+    with event_stream(sim, n, index=0, topic=topic, timeout=10) as (thread, exit_event, q):
+        # The subscription is made on the helper's thread; let it reach the broker so
+        # this test does not depend on index=0 replaying the buffer (tested below).
+        wait_until(lambda: sim.sim.broker.subscribers == 1)
         n.jobs.register_job({"Job": runner_job("pn-unwatched")})
         reg = n.jobs.register_job({"Job": runner_job("pn-watched")})
 
@@ -424,13 +446,10 @@ def test_event_stream_helper(make_sim: Callable[..., SimServer], topic: Any) -> 
         if isinstance(topic, list):
             # Keyed subscription: the other job's earlier event never arrives.
             assert event["Key"] == "pn-watched"
-        else:
-            event = (
-                event
-                if event["Key"] == "pn-watched"
-                else _next_event(
-                    q, lambda e: e["Type"] == "JobRegistered" and e["Key"] == "pn-watched"
-                )
+        elif event["Key"] != "pn-watched":
+            assert event["Key"] == "pn-unwatched"
+            event = _next_event(
+                q, lambda e: e["Type"] == "JobRegistered" and e["Key"] == "pn-watched"
             )
         assert event["Key"] == "pn-watched"
         assert event["Namespace"] == "default"
@@ -440,15 +459,27 @@ def test_event_stream_helper(make_sim: Callable[..., SimServer], topic: Any) -> 
             "only Job events were subscribed to"
         )
 
-        # The loop checks exit_event after every line, heartbeats included.
+        # The loop checks exit_event after every line, heartbeats included, so it
+        # ends on the next heartbeat even while the stream stays open.
         exit_event.set()
         thread.join(timeout=5)
         assert not thread.is_alive(), "event stream thread did not stop after exit_event"
-    finally:
-        exit_event.set()
-        sim.stop()  # closes the stream, so the thread's read returns and it exits
-        thread.join(timeout=5)
-    assert not thread.is_alive()
+
+
+def test_event_stream_index_zero_replays_buffer(make_sim: Callable[..., SimServer]) -> None:
+    """index=0 starts at the oldest buffered event, as Nomad's broker does
+    (`Subscribe`: `req.Index == 0` -> `eventBuf.Head()`), so events committed
+    before the helper's thread connects are not lost."""
+    sim = make_sim()
+    n = client(sim)
+    reg = n.jobs.register_job({"Job": runner_job("pn-before")})
+    with event_stream(sim, n, index=0, topic=["Job:pn-before"], timeout=10) as (_, _, q):
+        try:
+            event = _next_event(q, lambda e: e["Type"] == "JobRegistered")
+        except queue.Empty:
+            pytest.fail("index=0 did not replay the buffered JobRegistered event")
+        assert event["Key"] == "pn-before"
+        assert event["Index"] == reg["JobModifyIndex"]
 
 
 # -- ACL ------------------------------------------------------------------------------------

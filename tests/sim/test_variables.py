@@ -1,0 +1,145 @@
+"""Variables: check-and-set, paths, and locks with TTL expiry and lock delay."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from controller.sim import SimServer
+from tests.helpers import Http, wait_until
+
+
+def test_cas_create_update_and_conflict(sim: SimServer) -> None:
+    http = Http(sim.address)
+    created = http.request("PUT", "/v1/var/nrc/a", params={"cas": 0}, json={"Items": {"k": "v"}})
+    assert created.status_code == 200
+    index = created.json()["ModifyIndex"]
+    again = http.request("PUT", "/v1/var/nrc/a", params={"cas": 0}, json={"Items": {"k": "w"}})
+    assert again.status_code == 409
+    assert again.json()["Items"] == {"k": "v"}  # the current variable comes back
+    ok = http.request("PUT", "/v1/var/nrc/a", params={"cas": index}, json={"Items": {"k": "w"}})
+    assert ok.status_code == 200
+    stale = http.request("PUT", "/v1/var/nrc/a", params={"cas": index}, json={"Items": {"k": "x"}})
+    assert stale.status_code == 409
+    missing = http.request("PUT", "/v1/var/nrc/b", params={"cas": 5}, json={"Items": {"k": "v"}})
+    assert missing.status_code == 409
+    assert missing.json()["ModifyIndex"] == 0
+    assert http.get("/v1/var/nrc/a")["Items"] == {"k": "w"}
+    assert [v["Path"] for v in http.get("/v1/vars", prefix="nrc/")] == ["nrc/a"]
+    assert "Items" not in http.get("/v1/vars")[0]
+    deleted = http.request("DELETE", "/v1/var/nrc/a")
+    assert (deleted.status_code, deleted.text) == (204, "")
+    assert http.request("GET", "/v1/var/nrc/a").status_code == 404
+
+
+@pytest.mark.parametrize("path", ["has space", "a" * 129, "semi;colon"])
+def test_invalid_paths_are_400(sim: SimServer, path: str) -> None:
+    response = Http(sim.address).request("PUT", f"/v1/var/{path}", json={"Items": {"k": "v"}})
+    assert response.status_code == 400
+    assert response.text == f'invalid path "{path}"'
+
+
+def test_lock_acquire_renew_release(sim: SimServer) -> None:
+    http = Http(sim.address)
+    lock = {"TTL": "15s", "LockDelay": "15s"}
+    first = http.request(
+        "PUT", "/v1/var/nrc/leader", params={"lock-acquire": ""}, json={"Lock": lock}
+    )
+    assert first.status_code == 200
+    held = first.json()
+    assert held["Lock"]["TTL"] == "15s" and held["Lock"]["ID"]
+    other = http.request(
+        "PUT", "/v1/var/nrc/leader", params={"lock-acquire": ""}, json={"Lock": lock}
+    )
+    assert other.status_code == 409
+    renew = http.request(
+        "PUT",
+        "/v1/var/nrc/leader",
+        params={"lock-renew": ""},
+        json={"Lock": {"ID": held["Lock"]["ID"]}},
+    )
+    assert renew.status_code == 200
+    assert renew.json()["ModifyIndex"] == held["ModifyIndex"]
+    wrong = http.request(
+        "PUT", "/v1/var/nrc/leader", params={"lock-renew": ""}, json={"Lock": {"ID": "x"}}
+    )
+    assert wrong.status_code == 409
+    released = http.request(
+        "PUT",
+        "/v1/var/nrc/leader",
+        params={"lock-release": ""},
+        json={"Lock": {"ID": held["Lock"]["ID"]}},
+    )
+    assert released.status_code == 200
+    assert "Lock" not in released.json()
+    assert released.json()["ModifyIndex"] > held["ModifyIndex"]
+    again = http.request(
+        "PUT", "/v1/var/nrc/leader", params={"lock-acquire": ""}, json={"Lock": lock}
+    )
+    assert again.status_code == 200
+
+
+@pytest.mark.parametrize("ttl", ["5s", "25h"])
+def test_lock_ttl_bounds(sim: SimServer, ttl: str) -> None:
+    response = Http(sim.address).request(
+        "PUT", "/v1/var/nrc/l", params={"lock-acquire": ""}, json={"Lock": {"TTL": ttl}}
+    )
+    assert response.status_code == 400
+    assert "TTL must be between 10 seconds and 24 hours" in response.text
+
+
+def test_lock_expires_after_twice_the_ttl_then_waits_out_the_delay(
+    make_sim: Callable[..., SimServer],
+) -> None:
+    # At time_scale 0.05 a 10 s TTL expires 2×10 s×0.05 = 1.0 s after the last
+    # renew, and the 10 s lock delay holds the dead lock for another 0.5 s.
+    server = make_sim(time_scale=0.05)
+    http = Http(server.address)
+    lock = {"TTL": "10s", "LockDelay": "10s"}
+    held = http.request(
+        "PUT", "/v1/var/nrc/l", params={"lock-acquire": ""}, json={"Lock": lock}
+    ).json()
+    lock_id = held["Lock"]["ID"]
+    renew = {"Lock": {"ID": lock_id}}
+    assert (
+        http.request("PUT", "/v1/var/nrc/l", params={"lock-renew": ""}, json=renew).status_code
+        == 200
+    )
+    renewed_at = time.monotonic()
+    wait_until(lambda: time.monotonic() - renewed_at > 1.1, timeout=5)
+    # Dead but still stored: the holder cannot renew and nobody can acquire.
+    assert (
+        http.request("PUT", "/v1/var/nrc/l", params={"lock-renew": ""}, json=renew).status_code
+        == 409
+    )
+    assert (
+        http.request(
+            "PUT", "/v1/var/nrc/l", params={"lock-acquire": ""}, json={"Lock": lock}
+        ).status_code
+        == 409
+    )
+    assert "Lock" in http.get("/v1/var/nrc/l")
+    # Then the server removes the lock and it can be taken again.
+    wait_until(lambda: "Lock" not in http.get("/v1/var/nrc/l"), timeout=5)
+    assert time.monotonic() - renewed_at >= 1.5
+    acquire = http.request("PUT", "/v1/var/nrc/l", params={"lock-acquire": ""}, json={"Lock": lock})
+    assert acquire.status_code == 200
+
+
+def test_locked_variable_cannot_be_written_without_the_lock(sim: SimServer) -> None:
+    http = Http(sim.address)
+    held = http.request(
+        "PUT",
+        "/v1/var/nrc/l",
+        params={"lock-acquire": ""},
+        json={"Lock": {"TTL": "15s"}, "Items": {"a": "1"}},
+    ).json()
+    blocked = http.request("PUT", "/v1/var/nrc/l", json={"Items": {"a": "2"}})
+    assert blocked.status_code == 409
+    allowed = http.request(
+        "PUT", "/v1/var/nrc/l", json={"Items": {"a": "2"}, "Lock": {"ID": held["Lock"]["ID"]}}
+    )
+    assert allowed.status_code == 200
+    assert http.request("DELETE", "/v1/var/nrc/l").status_code == 409
