@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from types import FrameType
 
 import uvicorn
@@ -38,9 +39,30 @@ class _Server(uvicorn.Server):
         super().__init__(config)
         self.sim = sim
 
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """SIGINT/SIGTERM stop the server and the process then exits 0
+        (uvicorn's own handler re-raises the signal after shutting down)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {
+            sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.sim.stop()
-        super().handle_exit(sig, frame)
+        # A signal handler may interrupt the loop anywhere: close the
+        # simulator's streams from the loop itself.
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().call_soon_threadsafe(self.sim.stop)
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        self.should_exit = True
 
 
 class SimServer:

@@ -1,0 +1,83 @@
+"""The command line: `nomad-runner-controller sim` serves until SIGTERM/SIGINT,
+`python -m controller` behaves the same, and bad arguments exit 2."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from tests.helpers import wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=1).status_code == 200
+    except requests.ConnectionError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sim_command_serves_nomad_api_until_signalled(sig: signal.Signals) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "controller",
+            "sim",
+            "--port",
+            str(port),
+            "--nodes",
+            "2",
+            "--seed",
+            "7",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: answers(f"{base}/v1/status/leader"), timeout=20, interval=0.05)
+        assert len(requests.get(f"{base}/v1/nodes", timeout=5).json()) == 2
+        # An open event stream must not hold up the shutdown.
+        stream = requests.get(f"{base}/v1/event/stream", stream=True, timeout=5)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=15)
+        stream.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert f"NOMAD_ADDR=http://127.0.0.1:{port}" in out
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["sim", "--nodes", "0"], "must be at least 1"),
+        (["sim", "--port", "99999"], "must be between 0 and 65535"),
+        (["sim", "--startup-delay", "-1"], "must not be negative"),
+        (["bogus"], "invalid choice"),
+        ([], "required"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(args: list[str], needle: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "controller", *args], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 2
+    assert needle in result.stderr
+    assert "Traceback" not in result.stderr
