@@ -4,37 +4,33 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _bounded(
+    cast: Callable[[str], float], what: str, low: float, high: float | None = None
+) -> Callable[[str], Any]:
+    """An argparse type: `cast` the text and keep it within [low, high]."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < low:
+            message = "must not be negative" if low == 0 else f"must be at least {low}"
+            raise argparse.ArgumentTypeError(f"{message}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
+        return value
+
+    return parse
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds as a number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 65535, got {value}")
-    return value
+_positive_int = _bounded(int, "an integer", 1)
+_seconds = _bounded(float, "seconds as a number", 0)
+_port = _bounded(int, "a port number", 0, 65535)
 
 
 def build_parser() -> argparse.ArgumentParser:

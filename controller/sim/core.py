@@ -520,12 +520,7 @@ class Simulator:
                 raise NomadError(400, "DrainSpec.Deadline must be an integer of nanoseconds")
             ignore = bool(spec.get("IgnoreSystemJobs", False))
         new = self.drainer.set_drain(node, deadline, ignore, mark_eligible)
-        return {
-            "NodeModifyIndex": new.modify_index,
-            "EvalIDs": None,
-            "EvalCreateIndex": 0,
-            "Index": new.modify_index,
-        }
+        return _node_update_response(new.modify_index)
 
     def set_eligibility(self, node_id: str, eligibility: Any) -> JsonDict:
         node = self.node(node_id)
@@ -548,12 +543,7 @@ class Simulator:
             )
         if eligibility == "eligible":
             self.scheduler.unblock_all()
-        return {
-            "NodeModifyIndex": tx.index,
-            "EvalIDs": None,
-            "EvalCreateIndex": 0,
-            "Index": tx.index,
-        }
+        return _node_update_response(tx.index)
 
     def set_node_status(self, node_id: str, status: str) -> None:
         node = self.node(node_id)
@@ -645,6 +635,11 @@ def _deregister_response(
         "KnownLeader": False,
         "NextToken": "",
     }
+
+
+def _node_update_response(index: int) -> JsonDict:
+    """NodeDrainUpdateResponse, which the eligibility endpoint answers too."""
+    return {"NodeModifyIndex": index, "EvalIDs": None, "EvalCreateIndex": 0, "Index": index}
 
 
 def _rfc(ns: int) -> str | None:

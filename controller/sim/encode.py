@@ -598,7 +598,7 @@ def alloc_full(
             ("Job", alloc.job if with_job else None),
             ("TaskGroup", alloc.task_group),
             ("AllocatedResources", allocated_resources(alloc, ports, host_ip)),
-            ("Metrics", _metrics()),
+            ("Metrics", alloc_metric()),
             ("DesiredStatus", alloc.desired_status),
             ("DesiredDescription", alloc.desired_description),
             ("DesiredTransition", dt if any_transition else None),
@@ -618,18 +618,19 @@ def alloc_full(
     )
 
 
-def _metrics() -> JsonDict:
+def alloc_metric(nodes: int = 1, exhausted: int = 0) -> JsonDict:
+    """AllocMetric: how the scheduler looked at `nodes` nodes, `exhausted` of them full."""
     return {
-        "NodesEvaluated": 1,
+        "NodesEvaluated": nodes,
         "NodesFiltered": 0,
-        "NodesInPool": 1,
+        "NodesInPool": nodes,
         "NodePool": "default",
-        "NodesAvailable": None,
+        "NodesAvailable": {"dc1": nodes} if exhausted else None,
         "ClassFiltered": None,
         "ConstraintFiltered": None,
-        "NodesExhausted": 0,
+        "NodesExhausted": exhausted,
         "ClassExhausted": None,
-        "DimensionExhausted": None,
+        "DimensionExhausted": {"cpu": exhausted} if exhausted else None,
         "QuotaExhausted": None,
         "ResourcesExhausted": None,
         "Scores": None,

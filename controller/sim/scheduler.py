@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from controller.sim.encode import SECOND, group_of
+from controller.sim.encode import SECOND, alloc_metric, group_of
 from controller.sim.records import (
     COMPLETE,
     FAILED,
@@ -261,7 +261,8 @@ class Scheduler:
             node = self._pick_node(job, group, plan, avoid_nodes if prev is not None else set())
             if node is None:
                 plan.queued[name] = plan.queued.get(name, 0) + 1
-                plan.failed_groups[name] = _failed_metric(len(sim.store.nodes))
+                nodes = len(sim.store.nodes)
+                plan.failed_groups[name] = alloc_metric(nodes, exhausted=nodes)
                 continue
             new = self._new_alloc(ev, job, group, alloc_name, node, now)
             if prev is not None:
@@ -382,24 +383,3 @@ def _reschedule_delay(policy: JsonDict, previous: int) -> int:
     if max_delay and delay > max_delay:
         delay = max_delay
     return delay
-
-
-def _failed_metric(nodes: int) -> JsonDict:
-    return {
-        "NodesEvaluated": nodes,
-        "NodesFiltered": 0,
-        "NodesInPool": nodes,
-        "NodePool": "default",
-        "NodesAvailable": {"dc1": nodes},
-        "ClassFiltered": None,
-        "ConstraintFiltered": None,
-        "NodesExhausted": nodes,
-        "ClassExhausted": None,
-        "DimensionExhausted": {"cpu": nodes},
-        "QuotaExhausted": None,
-        "ResourcesExhausted": None,
-        "Scores": None,
-        "ScoreMetaData": None,
-        "AllocationTime": 0,
-        "CoalescedFailures": 0,
-    }
