@@ -64,6 +64,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="time from a kill to a complete allocation (default 0.2)",
     )
     sim.add_argument(
+        "--heartbeat-interval",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="event stream heartbeat interval (default 30)",
+    )
+    sim.add_argument(
+        "--migration-ordering",
+        choices=("production", "client", "random"),
+        default="production",
+        help="event order of a migration: as observed in production (default), Nomad's "
+        "client code path, or random per migration",
+    )
+    sim.add_argument(
         "--acl-token",
         default=None,
         metavar="TOKEN",
@@ -81,6 +95,8 @@ def run_sim(args: argparse.Namespace) -> int:
         startup_delay_ms=args.startup_delay * 1000,
         stop_delay_ms=args.stop_delay * 1000,
         acl_token=args.acl_token,
+        heartbeat_interval_ms=args.heartbeat_interval * 1000,
+        migration_ordering=args.migration_ordering,
     )
     server = SimServer(config, host=args.host, port=args.port)
     print(

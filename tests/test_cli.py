@@ -42,6 +42,10 @@ def test_sim_command_serves_nomad_api_until_signalled(sig: signal.Signals) -> No
             "2",
             "--seed",
             "7",
+            "--migration-ordering",
+            "client",
+            "--heartbeat-interval",
+            "0.1",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -51,6 +55,8 @@ def test_sim_command_serves_nomad_api_until_signalled(sig: signal.Signals) -> No
         base = f"http://127.0.0.1:{port}"
         wait_until(lambda: answers(f"{base}/v1/status/leader"), timeout=20, interval=0.05)
         assert len(requests.get(f"{base}/v1/nodes", timeout=5).json()) == 2
+        faults = requests.get(f"{base}/_sim/faults", timeout=5).json()
+        assert faults["migration_ordering"] == "client"
         # An open event stream must not hold up the shutdown.
         stream = requests.get(f"{base}/v1/event/stream", stream=True, timeout=5)
         proc.send_signal(sig)
@@ -71,6 +77,7 @@ def test_sim_command_serves_nomad_api_until_signalled(sig: signal.Signals) -> No
         (["sim", "--port", "99999"], "must be between 0 and 65535"),
         (["sim", "--startup-delay", "-1"], "must not be negative"),
         (["bogus"], "invalid choice"),
+        (["sim", "--migration-ordering", "sideways"], "invalid choice"),
         ([], "required"),
     ],
 )

@@ -74,6 +74,8 @@ class SimConfig:
     # delays, drain deadlines, lock TTLs and delays) so tests can run a 10 s
     # lock TTL in 10 ms. 1.0 is real time.
     time_scale: float = 1.0
+    # Initial `migration_ordering` fault: production, client or random.
+    migration_ordering: str = "production"
 
 
 @dataclass
@@ -135,7 +137,9 @@ class Simulator:
         # Faults draw from their own stream so that injecting them does not
         # change the IDs and placements of the same calls.
         self.fault_rng = random.Random(self.config.seed + 1)
-        self.faults = Faults()
+        if self.config.migration_ordering not in ORDERINGS:
+            raise ValueError(f"migration_ordering must be one of {', '.join(ORDERINGS)}")
+        self.faults = Faults(migration_ordering=self.config.migration_ordering)
         self.store = StateStore(self.clock.monotonic)
         self.store.pre_commit = self._set_job_statuses
         self.broker = EventBroker(self.encode_alloc_event, self.config.event_buffer_size)
