@@ -26,7 +26,6 @@ from controller.sim.records import (
     Alloc,
     Eval,
     TaskEvent,
-    TaskState,
 )
 from controller.sim.state import stamp_alloc
 
@@ -42,6 +41,9 @@ class Client:
         self._completes_after: dict[str, str] = {}
         # old alloc id -> new alloc waiting for it to be terminal (client ordering)
         self._waiting_on: dict[str, str] = {}
+        # restart-policy interval per allocation: when it began, restarts used in it
+        self._window_start: dict[str, int] = {}
+        self._window_count: dict[str, int] = {}
 
     # -- helpers ----------------------------------------------------------------
 
@@ -165,7 +167,7 @@ class Client:
 
     # -- stop -----------------------------------------------------------------
 
-    def on_stop(self, alloc: Alloc, complete_with_successor: str = "") -> None:
+    def on_stop(self, alloc: Alloc) -> None:
         """The server set DesiredStatus stop: kill the tasks."""
         if alloc.client_terminal() or not self._node_up(alloc):
             self.forget(alloc.id)
@@ -275,7 +277,6 @@ class Client:
         interval = int(policy.get("Interval") or 0)
         delay = int(policy.get("Delay") or 0)
         mode = policy.get("Mode") or "fail"
-        ts = next(iter(dict(alloc.task_states).values()), TaskState())
         # Restarts are counted per interval, from the first restart in it.
         window_start = self._window_start.get(alloc_id, 0)
         scale = self.sim.config.time_scale
@@ -319,7 +320,6 @@ class Client:
         )
         alloc = self._with_event(alloc, not_restarting, state="dead", failed=True, finished_at=now)
         alloc = replace(alloc, client_status=FAILED, client_description="Failed tasks")
-        del ts
         ev = Eval(
             id=self.sim.new_id(),
             namespace=alloc.namespace,
@@ -357,13 +357,6 @@ class Client:
             client_description="Tasks are running",
         )
         self._update(alloc)
-
-    _window_start: dict[str, int]
-    _window_count: dict[str, int]
-
-    def reset_windows(self) -> None:
-        self._window_start = {}
-        self._window_count = {}
 
     def on_node_down(self, node_id: str) -> None:
         """A down node's client reports nothing more: drop its timers."""

@@ -19,6 +19,7 @@ from controller.sim.encode import (
     alloc_full,
     alloc_stub,
     canonicalize_job,
+    go_time,
     group_of,
 )
 from controller.sim.events import EventBroker
@@ -146,7 +147,6 @@ class Simulator:
         self.store.add_listener(self.broker.on_commit)
         self.scheduler = Scheduler(self)
         self.client = Client(self)
-        self.client.reset_windows()
         self.drainer = Drainer(self)
         self.variables = Variables(self)
         self.migrations: dict[str, tuple[str, str]] = {}
@@ -177,7 +177,7 @@ class Simulator:
                             "Message": "Node registered",
                             "Subsystem": "Cluster",
                             "Details": None,
-                            "Timestamp": _rfc(now),
+                            "Timestamp": go_time(now),
                             "CreateIndex": 0,
                         },
                     ),
@@ -218,7 +218,7 @@ class Simulator:
             "Message": message,
             "Subsystem": subsystem,
             "Details": None,
-            "Timestamp": _rfc(self.clock.now_ns()),
+            "Timestamp": go_time(self.clock.now_ns()),
             "CreateIndex": index,
         }
         return (*node.events, event)[-10:]  # Nomad keeps the last 10 node events
@@ -644,9 +644,3 @@ def _deregister_response(
 def _node_update_response(index: int) -> JsonDict:
     """NodeDrainUpdateResponse, which the eligibility endpoint answers too."""
     return {"NodeModifyIndex": index, "EvalIDs": None, "EvalCreateIndex": 0, "Index": index}
-
-
-def _rfc(ns: int) -> str | None:
-    from controller.sim.encode import go_time
-
-    return go_time(ns)

@@ -25,7 +25,6 @@ class Drainer:
     def __init__(self, sim: Simulator) -> None:
         self.sim = sim
         self._scheduled: set[str] = set()
-        self._deadline_timers: dict[str, object] = {}
 
     def set_drain(
         self, node: Node, deadline_ns: int | None, ignore_system: bool, mark_eligible: bool

@@ -10,7 +10,6 @@ Job and Node always write every field. Field lists follow
 
 from __future__ import annotations
 
-import copy
 from datetime import UTC, datetime
 from typing import Any
 
@@ -879,13 +878,3 @@ def variable(var: Variable, with_items: bool = True, lock_id: bool = False) -> J
     if with_items and var.items:
         out["Items"] = dict(var.items)
     return out
-
-
-def strip_job(alloc_json: JsonDict) -> JsonDict:
-    out = dict(alloc_json)
-    out.pop("Job", None)
-    return out
-
-
-def deep_copy(value: JsonDict) -> JsonDict:
-    return copy.deepcopy(value)

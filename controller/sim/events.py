@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from controller.sim.encode import evaluation, node_full
 from controller.sim.records import Alloc, Eval, JobRecord, JsonDict, Node
 from controller.sim.state import ALLOCS, EVALS, JOBS, NODES, Commit
 
@@ -109,8 +110,6 @@ class EventBroker:
                 {"Allocation": payload},
             )
         if table == EVALS:
-            from controller.sim.encode import evaluation
-
             assert isinstance(obj, Eval)
             return _envelope(
                 "Evaluation",
@@ -121,8 +120,6 @@ class EventBroker:
                 {"Evaluation": evaluation(obj)},
             )
         if table == NODES:
-            from controller.sim.encode import node_full
-
             assert isinstance(obj, Node)
             return _envelope("Node", event_type, obj.id, "", None, {"Node": node_full(obj)})
         return None

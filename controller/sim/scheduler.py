@@ -266,10 +266,10 @@ class Scheduler:
                 continue
             new = self._new_alloc(ev, job, group, alloc_name, node, now)
             if prev is not None:
-                new, prev_update = self._link(new, prev, kind, group, now)
+                new, ordering = self._link(new, prev, kind, group, now)
                 plan.stops[prev.id] = replace(plan.stops[prev.id], next_allocation=new.id)
                 if kind == "migrate":
-                    plan.migrations[new.id] = (prev.id, prev_update)
+                    plan.migrations[new.id] = (prev.id, ordering)
             plan.places.append(new)
 
     def _link(

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from controller.sim.encode import SECOND
+from controller.sim.encode import variable as encode
 from controller.sim.records import Variable, VariableLock
 
 if TYPE_CHECKING:
@@ -106,8 +107,6 @@ class Variables:
     def put(
         self, ns: str, path: str, items: dict[str, str], cas: int | None, lock_id: str | None
     ) -> Variable:
-        from controller.sim.encode import variable as encode
-
         validate_path(path)
         if not items:
             raise VariableError(400, "variable missing required Items object")
@@ -122,8 +121,6 @@ class Variables:
         return self._write(ns, path, current, items=tuple(sorted(items.items())))
 
     def delete(self, ns: str, path: str, cas: int | None) -> None:
-        from controller.sim.encode import variable as encode
-
         validate_path(path)
         current = self.get(ns, path)
         if cas is not None:
