@@ -231,9 +231,10 @@ class Simulator:
 
     def node_usage(self, node_id: str, job_id: str, plan: Any) -> tuple[int, int, int]:
         cpu = mem = same = 0
+        allocs = self.store.allocs
         counted = [
             a
-            for a in self.store.node_allocs(node_id)
+            for a in (allocs[i] for i in self.store.allocs_by_node.get(node_id, ()))
             if a.desired_status == "run" and not a.client_terminal() and a.id not in plan.stops
         ]
         counted += [a for a in plan.places if a.node_id == node_id]
@@ -335,7 +336,10 @@ class Simulator:
         periodic = spec.get("Periodic") or {}
         if spec["Type"] == "system" or periodic.get("Enabled") or spec.get("ParameterizedJob"):
             return "dead" if rec.stopped else "running"
-        if any(not a.terminal() for a in self.store.job_allocs(rec.namespace, rec.id)):
+        # Unsorted and stopping at the first live allocation: this runs on every write.
+        allocs = self.store.allocs
+        ids = self.store.allocs_by_job.get((rec.namespace, rec.id), ())
+        if any(not allocs[i].terminal() for i in ids):
             return "running"
         has_eval = False
         for ev in self.store.job_evals(rec.namespace, rec.id):
