@@ -279,18 +279,17 @@ class Client:
         mode = policy.get("Mode") or "fail"
         # Restarts are counted per interval, from the first restart in it.
         window_start = self._window_start.get(alloc_id, 0)
-        scale = self.sim.config.time_scale
-        if interval and now - window_start >= interval * scale:
+        span = self.sim.scaled(interval)
+        if interval and now - window_start >= span:
             window_start = now
             self._window_start[alloc_id] = now
             self._window_count[alloc_id] = 0
         used = self._window_count.get(alloc_id, 0)
         if used < attempts or mode == "delay":
-            wait = (
-                delay
-                if used < attempts
-                else max(delay, int((window_start + interval * scale - now) / scale))
-            )
+            # StartDelay is what the client really waits, in simulator time.
+            wait = self.sim.scaled(delay)
+            if used >= attempts:
+                wait = max(wait, window_start + span - now)
             self._window_count[alloc_id] = used + 1 if used < attempts else 0
             restarting = TaskEvent(
                 "Restarting",
@@ -302,8 +301,7 @@ class Client:
             alloc = self._with_event(alloc, restarting, state=PENDING)
             alloc = replace(alloc, client_status=PENDING, client_description="Tasks are pending")
             self._update(alloc)
-            scaled = wait / SECOND * self.sim.config.time_scale
-            self._later(alloc_id, scaled, lambda: self._restart(alloc_id))
+            self._later(alloc_id, wait / SECOND, lambda: self._restart(alloc_id))
             return True
         not_restarting = TaskEvent(
             "Not Restarting",

@@ -200,6 +200,11 @@ class Simulator:
 
     # -- small shared helpers ---------------------------------------------------
 
+    def scaled(self, ns: int) -> int:
+        """A duration from a Nomad object (policy delay, deadline, TTL) in the
+        simulator's time: multiplied by `time_scale`."""
+        return int(ns * self.config.time_scale)
+
     def new_id(self) -> str:
         return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
 

@@ -38,7 +38,7 @@ class Drainer:
             eligibility = "eligible" if mark_eligible else node.eligibility
         else:
             started = node.drain.started_at if node.drain else now
-            force = now + int(deadline_ns * sim.config.time_scale) if deadline_ns > 0 else 0
+            force = now + sim.scaled(deadline_ns) if deadline_ns > 0 else 0
             strategy = DrainStrategy(deadline_ns, ignore_system, force, started)
             status = "draining"
             message = "Node drain strategy updated" if node.drain else "Node drain strategy set"

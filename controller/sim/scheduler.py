@@ -308,13 +308,13 @@ class Scheduler:
             recent = [
                 e
                 for e in a.reschedule_events
-                if interval == 0 or now - e.reschedule_time < interval * self.sim.config.time_scale
+                if interval == 0 or now - e.reschedule_time < self.sim.scaled(interval)
             ]
             if len(recent) >= attempts:
                 return None
         failed_at = max((ts.finished_at for _, ts in a.task_states), default=0) or a.modify_time
         delay = _reschedule_delay(policy, len(a.reschedule_events))
-        return failed_at + int(delay * self.sim.config.time_scale)
+        return failed_at + self.sim.scaled(delay)
 
     def _new_alloc(
         self, ev: Eval, job: JsonDict, group: JsonDict, name: str, node: Node, now: int

@@ -203,7 +203,7 @@ class Variables:
         key = (ns, path)
         self.sim.timers.cancel(self._ttl_timers.pop(key, None))
         self._ttl_timers[key] = self.sim.timers.call_later(
-            2 * lock.ttl_ns / SECOND * self.sim.config.time_scale, lambda: self._expire(key, lock)
+            self.sim.scaled(2 * lock.ttl_ns) / SECOND, lambda: self._expire(key, lock)
         )
 
     def _disarm(self, ns: str, path: str) -> None:
@@ -218,7 +218,7 @@ class Variables:
             return
         self._dead.add(key)
         self.sim.timers.call_later(
-            lock.lock_delay_ns / SECOND * self.sim.config.time_scale,
+            self.sim.scaled(lock.lock_delay_ns) / SECOND,
             lambda: self._remove(key, lock),
         )
 
