@@ -7,6 +7,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from controller.sim.core import ORDERINGS
+
 
 def _bounded(
     cast: Callable[[str], float], what: str, low: float, high: float | None = None
@@ -72,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument(
         "--migration-ordering",
-        choices=("production", "client", "random"),
+        choices=ORDERINGS,
         default="production",
         help="event order of a migration: as observed in production (default), Nomad's "
         "client code path, or random per migration",

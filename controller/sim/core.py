@@ -138,9 +138,8 @@ class Simulator:
         # Faults draw from their own stream so that injecting them does not
         # change the IDs and placements of the same calls.
         self.fault_rng = random.Random(self.config.seed + 1)
-        if self.config.migration_ordering not in ORDERINGS:
-            raise ValueError(f"migration_ordering must be one of {', '.join(ORDERINGS)}")
-        self.faults = Faults(migration_ordering=self.config.migration_ordering)
+        self.faults = Faults()
+        self.faults.update({"migration_ordering": self.config.migration_ordering})
         self.store = StateStore(self.clock.monotonic)
         self.store.pre_commit = self._set_job_statuses
         self.broker = EventBroker(self.encode_alloc_event, self.config.event_buffer_size)
