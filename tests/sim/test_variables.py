@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+import requests
 
 from controller.sim import SimServer
 from tests.helpers import Http, wait_until
@@ -41,51 +42,33 @@ def test_invalid_paths_are_400(sim: SimServer, path: str) -> None:
     assert response.text == f'invalid path "{path}"'
 
 
+def lock_op(http: Http, path: str, op: str, **lock: str) -> requests.Response:
+    """PUT /v1/var/<path>?lock-<op> with {"Lock": lock}."""
+    return http.request("PUT", f"/v1/var/{path}", params={f"lock-{op}": ""}, json={"Lock": lock})
+
+
 def test_lock_acquire_renew_release(sim: SimServer) -> None:
     http = Http(sim.address)
-    lock = {"TTL": "15s", "LockDelay": "15s"}
-    first = http.request(
-        "PUT", "/v1/var/nrc/leader", params={"lock-acquire": ""}, json={"Lock": lock}
-    )
+    first = lock_op(http, "nrc/leader", "acquire", TTL="15s", LockDelay="15s")
     assert first.status_code == 200
     held = first.json()
-    assert held["Lock"]["TTL"] == "15s" and held["Lock"]["ID"]
-    other = http.request(
-        "PUT", "/v1/var/nrc/leader", params={"lock-acquire": ""}, json={"Lock": lock}
-    )
-    assert other.status_code == 409
-    renew = http.request(
-        "PUT",
-        "/v1/var/nrc/leader",
-        params={"lock-renew": ""},
-        json={"Lock": {"ID": held["Lock"]["ID"]}},
-    )
+    lock_id = held["Lock"]["ID"]
+    assert held["Lock"]["TTL"] == "15s" and lock_id
+    assert lock_op(http, "nrc/leader", "acquire", TTL="15s").status_code == 409
+    renew = lock_op(http, "nrc/leader", "renew", ID=lock_id)
     assert renew.status_code == 200
     assert renew.json()["ModifyIndex"] == held["ModifyIndex"]
-    wrong = http.request(
-        "PUT", "/v1/var/nrc/leader", params={"lock-renew": ""}, json={"Lock": {"ID": "x"}}
-    )
-    assert wrong.status_code == 409
-    released = http.request(
-        "PUT",
-        "/v1/var/nrc/leader",
-        params={"lock-release": ""},
-        json={"Lock": {"ID": held["Lock"]["ID"]}},
-    )
+    assert lock_op(http, "nrc/leader", "renew", ID="x").status_code == 409
+    released = lock_op(http, "nrc/leader", "release", ID=lock_id)
     assert released.status_code == 200
     assert "Lock" not in released.json()
     assert released.json()["ModifyIndex"] > held["ModifyIndex"]
-    again = http.request(
-        "PUT", "/v1/var/nrc/leader", params={"lock-acquire": ""}, json={"Lock": lock}
-    )
-    assert again.status_code == 200
+    assert lock_op(http, "nrc/leader", "acquire", TTL="15s").status_code == 200
 
 
 @pytest.mark.parametrize("ttl", ["5s", "25h"])
 def test_lock_ttl_bounds(sim: SimServer, ttl: str) -> None:
-    response = Http(sim.address).request(
-        "PUT", "/v1/var/nrc/l", params={"lock-acquire": ""}, json={"Lock": {"TTL": ttl}}
-    )
+    response = lock_op(Http(sim.address), "nrc/l", "acquire", TTL=ttl)
     assert response.status_code == 400
     assert "TTL must be between 10 seconds and 24 hours" in response.text
 
@@ -98,34 +81,18 @@ def test_lock_expires_after_twice_the_ttl_then_waits_out_the_delay(
     server = make_sim(time_scale=0.05)
     http = Http(server.address)
     lock = {"TTL": "10s", "LockDelay": "10s"}
-    held = http.request(
-        "PUT", "/v1/var/nrc/l", params={"lock-acquire": ""}, json={"Lock": lock}
-    ).json()
-    lock_id = held["Lock"]["ID"]
-    renew = {"Lock": {"ID": lock_id}}
-    assert (
-        http.request("PUT", "/v1/var/nrc/l", params={"lock-renew": ""}, json=renew).status_code
-        == 200
-    )
+    lock_id = lock_op(http, "nrc/l", "acquire", **lock).json()["Lock"]["ID"]
+    assert lock_op(http, "nrc/l", "renew", ID=lock_id).status_code == 200
     renewed_at = time.monotonic()
     wait_until(lambda: time.monotonic() - renewed_at > 1.1, timeout=5)
     # Dead but still stored: the holder cannot renew and nobody can acquire.
-    assert (
-        http.request("PUT", "/v1/var/nrc/l", params={"lock-renew": ""}, json=renew).status_code
-        == 409
-    )
-    assert (
-        http.request(
-            "PUT", "/v1/var/nrc/l", params={"lock-acquire": ""}, json={"Lock": lock}
-        ).status_code
-        == 409
-    )
+    assert lock_op(http, "nrc/l", "renew", ID=lock_id).status_code == 409
+    assert lock_op(http, "nrc/l", "acquire", **lock).status_code == 409
     assert "Lock" in http.get("/v1/var/nrc/l")
     # Then the server removes the lock and it can be taken again.
     wait_until(lambda: "Lock" not in http.get("/v1/var/nrc/l"), timeout=5)
     assert time.monotonic() - renewed_at >= 1.5
-    acquire = http.request("PUT", "/v1/var/nrc/l", params={"lock-acquire": ""}, json={"Lock": lock})
-    assert acquire.status_code == 200
+    assert lock_op(http, "nrc/l", "acquire", **lock).status_code == 200
 
 
 def test_locked_variable_cannot_be_written_without_the_lock(sim: SimServer) -> None:
