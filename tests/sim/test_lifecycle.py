@@ -140,6 +140,15 @@ def test_enforce_index_conflicts_are_500_with_nomads_text(
     assert http.request("PUT", "/v1/job/1-f", json=ok).status_code == 200
 
 
+def first_index(reader: EventReader, alloc_id: str, client_status: str) -> int:
+    """Wait until the stream reader has seen the allocation reach a client status."""
+    return wait_until(
+        lambda: min(
+            (i for i, _, c, _ in alloc_events(reader, alloc_id) if c == client_status), default=0
+        )
+    )
+
+
 def drain(http: Http, node_id: str, deadline_ns: int) -> None:
     body = {
         "DrainSpec": {"Deadline": deadline_ns, "IgnoreSystemJobs": False},
@@ -170,7 +179,11 @@ def test_drain_production_ordering(sim: SimServer) -> None:
     wait_until(lambda: reader.events("Allocation", old["ID"]))
     drain(http, old["NodeID"], -1)
     new = wait_until(lambda: [a for a in http.allocs("1-g") if a["ID"] != old["ID"]])[0]
-    wait_until(lambda: http.alloc(old["ID"])["ClientStatus"] == "complete")
+    # Frames arrive in index order: once the stream shows both transitions,
+    # every earlier frame (the migration's PlanResult) is in the reader too.
+    new_running = first_index(reader, new["ID"], "running")
+    old_complete = first_index(reader, old["ID"], "complete")
+    assert new_running < old_complete
     wait_until(lambda: http.get(f"/v1/node/{old['NodeID']}")["DrainStrategy"] is None)
     plan = [
         f
@@ -188,9 +201,6 @@ def test_drain_production_ordering(sim: SimServer) -> None:
         "pending",
         "run",
     )
-    new_running = min(i for i, _, c, _ in alloc_events(reader, new["ID"]) if c == "running")
-    old_complete = min(i for i, _, c, _ in alloc_events(reader, old["ID"]) if c == "complete")
-    assert new_running < old_complete
     payloads = [e["Payload"]["Allocation"] for e in reader.events("Allocation")]
     assert all("PreviousAllocation" not in p for p in payloads)
     assert all("Job" not in p for p in payloads)
@@ -211,9 +221,8 @@ def test_drain_client_ordering(sim: SimServer) -> None:
     drain(http, old["NodeID"], -1)
     new = replacement(http, "1-h", old["ID"])
     assert http.alloc(new["ID"])["PreviousAllocation"] == old["ID"]
-    wait_until(lambda: reader.events("Allocation", new["ID"]))
-    old_complete = min(i for i, _, c, _ in alloc_events(reader, old["ID"]) if c == "complete")
-    new_running = min(i for i, _, c, _ in alloc_events(reader, new["ID"]) if c == "running")
+    old_complete = first_index(reader, old["ID"], "complete")
+    new_running = first_index(reader, new["ID"], "running")
     assert old_complete < new_running
     reader.close()
 
@@ -242,25 +251,24 @@ def test_service_drain_respects_max_parallel(make_sim: Callable[..., SimServer])
     reader = EventReader(server.address, {"topic": "Allocation:web", "index": 1})
     drain(http, node_id, 3600 * SECOND)
     wait_until(lambda: http.get(f"/v1/node/{node_id}")["DrainStrategy"] is None)
+
     # max_parallel 1: one allocation marked per step, and the next step only
     # once the previous replacement runs.
-    marks = [
-        (f["Index"], e["Key"])
-        for f in reader.frames
-        for e in f["Events"]
-        if e["Type"] == "AllocationUpdateDesiredStatus" and e["Topic"] == "Allocation"
-    ]
+    def migration_marks() -> list[tuple[int, str]]:
+        return [
+            (f["Index"], e["Key"])
+            for f in reader.frames
+            for e in f["Events"]
+            if e["Type"] == "AllocationUpdateDesiredStatus" and e["Topic"] == "Allocation"
+        ]
+
+    marks = wait_until(lambda: m if len(m := migration_marks()) == len(on_node) else [])
     assert sorted(k for _, k in marks) == sorted(on_node)
     assert len({i for i, _ in marks}) == len(marks)
-    first_index, first_id = marks[0]
+    first_mark, first_id = marks[0]
     replacement = http.alloc(first_id)["NextAllocation"]
-    running_at = min(
-        f["Index"]
-        for f in reader.frames
-        for e in f["Events"]
-        if e["Key"] == replacement and e["Payload"]["Allocation"].get("ClientStatus") == "running"
-    )
-    assert first_index < running_at < marks[1][0]
+    running_at = first_index(reader, replacement, "running")
+    assert first_mark < running_at < marks[1][0]
     assert len(http.running("web", 4)) == 4
     reader.close()
 
