@@ -120,17 +120,12 @@ class Scheduler:
             )
             tx.put_eval(sim.stamp_eval(done, tx.index))
             if blocked_id:
-                blocked = Eval(
-                    id=blocked_id,
-                    namespace=ev.namespace,
-                    priority=ev.priority,
-                    type=ev.type,
-                    triggered_by="queued-allocs",
-                    job_id=ev.job_id,
-                    job_modify_index=ev.job_modify_index,
-                    status="blocked",
-                    status_description="created to place remaining allocations",
-                    previous_eval=ev.id,
+                blocked = _child_eval(
+                    ev,
+                    blocked_id,
+                    "queued-allocs",
+                    "blocked",
+                    "created to place remaining allocations",
                 )
                 tx.put_eval(sim.stamp_eval(blocked, tx.index))
                 self.blocked[key] = blocked_id
@@ -200,18 +195,13 @@ class Scheduler:
                 else:
                     live.append(a)
                     if not a.followup_eval_id:
-                        follow = Eval(
-                            id=sim.new_id(),
-                            namespace=ev.namespace,
-                            priority=ev.priority,
-                            type=ev.type,
-                            triggered_by="alloc-failure",
-                            job_id=ev.job_id,
-                            job_modify_index=ev.job_modify_index,
-                            status="pending",
-                            status_description="created for delayed rescheduling",
+                        follow = _child_eval(
+                            ev,
+                            sim.new_id(),
+                            "alloc-failure",
+                            "pending",
+                            "created for delayed rescheduling",
                             wait_until=when,
-                            previous_eval=ev.id,
                         )
                         plan.followups.append(follow)
                         plan.updates.append(replace(a, followup_eval_id=follow.id))
@@ -351,6 +341,30 @@ class Scheduler:
             if best is None or key < best[0]:
                 best = (key, node)
         return best[1] if best else None
+
+
+def _child_eval(
+    parent: Eval,
+    eval_id: str,
+    triggered_by: str,
+    status: str,
+    description: str,
+    wait_until: int = 0,
+) -> Eval:
+    """An evaluation the scheduler creates while processing `parent`."""
+    return Eval(
+        id=eval_id,
+        namespace=parent.namespace,
+        priority=parent.priority,
+        type=parent.type,
+        triggered_by=triggered_by,
+        job_id=parent.job_id,
+        job_modify_index=parent.job_modify_index,
+        status=status,
+        status_description=description,
+        wait_until=wait_until,
+        previous_eval=parent.id,
+    )
 
 
 def _group_demand(group: JsonDict) -> tuple[int, int]:
