@@ -1,0 +1,113 @@
+"""The small interface the reconciler and the API use to reach Nomad.
+
+Everything above `controller/nomad/` depends on `NomadGateway` only, never on
+python-nomad or on Nomad's JSON for allocations; tests can substitute any
+object with these methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from controller.model import Allocation
+
+JsonDict = dict[str, Any]
+
+
+class NomadAPIError(Exception):
+    """Nomad answered with an error status (after retries, for transient ones)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"Nomad answered {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class NomadUnavailable(Exception):
+    """Nomad could not be reached (connection error or timeout, after retries)."""
+
+
+class IndexConflict(Exception):
+    """A write with EnforceIndex lost: somebody else changed (or created, or
+    deleted) the job since the index we sent. Never retried."""
+
+
+class LockHeld(Exception):
+    """A variable lock is held by somebody else (or our lock is no longer ours)."""
+
+
+@dataclass(frozen=True)
+class JobStub:
+    """One entry of GET /v1/jobs."""
+
+    id: str
+    job_modify_index: int
+    modify_index: int
+    create_index: int
+    submit_time: int
+    status: str
+    stop: bool
+    type: str
+
+
+@dataclass(frozen=True)
+class JobListing:
+    jobs: tuple[JobStub, ...]
+    index: int  # X-Nomad-Index
+
+
+@dataclass(frozen=True)
+class AllocListing:
+    allocations: tuple[Allocation, ...]
+    index: int  # X-Nomad-Index
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    index: int  # the Raft index of the write (X-Nomad-Index / Index)
+    job_modify_index: int  # JobModifyIndex after a register; 0 for a deregister
+
+
+@dataclass(frozen=True)
+class Lock:
+    path: str
+    lock_id: str
+
+
+class NomadGateway(Protocol):
+    """Reads and writes in one namespace (the gateway's own)."""
+
+    def list_jobs(self, prefix: str = "", index: int = 0, wait_s: float = 0) -> JobListing:
+        """Job stubs, optionally as a blocking query (returns when the index passes `index`)."""
+        ...
+
+    def get_job(self, job_id: str) -> JsonDict | None:
+        """The full job spec, or None when the job does not exist."""
+        ...
+
+    def list_allocations(self, index: int = 0, wait_s: float = 0) -> AllocListing:
+        """All allocations of the namespace, with task states and allocated ports."""
+        ...
+
+    def register_job(self, job: JsonDict, enforce_index: int | None = None) -> WriteResult:
+        """Register (create or update) a job. With `enforce_index`, the write only
+        succeeds if the job's JobModifyIndex equals it (0 = the job must not exist);
+        otherwise IndexConflict."""
+        ...
+
+    def deregister_job(self, job_id: str, purge: bool = True) -> WriteResult:
+        """Stop (and with purge, delete) a job. A missing job is not an error."""
+        ...
+
+    def lock_acquire(self, path: str, ttl_s: float, lock_delay_s: float) -> Lock:
+        """Take the variable lock at `path`; LockHeld if somebody holds it."""
+        ...
+
+    def lock_renew(self, lock: Lock) -> None:
+        """Renew our lock; LockHeld if it is no longer ours."""
+        ...
+
+    def lock_release(self, lock: Lock) -> None:
+        """Give the lock up; a lock that is no longer ours is not an error."""
+        ...

@@ -1,0 +1,1 @@
+"""observe, derive, plan, act: the reconcile loop and its work queue."""

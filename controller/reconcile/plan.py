@@ -1,0 +1,211 @@
+"""plan: the runner views of one environment, the desired pool and what the
+controller already has in flight ⇒ the actions that close the gap.
+
+Pure. Idle runners are pooled, replaced and removed freely; a claimed runner
+is only ever ended for a stated reason (lost, inactivity, retention). In an
+unsafe pass (partial observation) nothing is deleted or ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from controller.model import SECOND, Environment, LossReason, Phase, RunnerView
+
+
+class DeleteReason(StrEnum):
+    SURPLUS = "surplus"
+    OUTDATED = "outdated"
+    DEAD = "dead"
+    FAILED_TO_START = "failed_to_start"
+    STARTUP_TIMEOUT = "startup_timeout"
+    INACTIVITY_TIMEOUT = "inactivity_timeout"
+    LOST_RETENTION = "lost_retention"
+    ORPHAN = "orphan"
+
+
+@dataclass(frozen=True)
+class CreateRunners:
+    env_id: int
+    count: int
+
+
+@dataclass(frozen=True)
+class DeleteRunner:
+    runner_id: str
+    reason: DeleteReason
+
+
+@dataclass(frozen=True)
+class EndClaim:
+    """Stop a claimed runner whose file system was reset, keeping the reason."""
+
+    runner_id: str
+    job_modify_index: int
+    reason: LossReason
+
+
+Action = CreateRunners | DeleteRunner | EndClaim
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    orphan_grace_ns: int = 60 * SECOND
+    startup_timeout_ns: int = 300 * SECOND
+    lost_retention_ns: int = 3600 * SECOND
+    backoff_base_ns: int = 1 * SECOND
+    backoff_cap_ns: int = 300 * SECOND
+    degraded_after: int = 3  # consecutive start failures before the environment is degraded
+
+
+@dataclass(frozen=True)
+class Budget:
+    """An environment's recent start failures: creation backs off while they last."""
+
+    failures: int = 0
+    retry_at: int = 0  # ns; no creations before
+    last_failure_at: int = 0
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    env_id: int
+    env: Environment | None  # None: no template job (orphan runners)
+    runners: tuple[RunnerView, ...]
+    now: int
+    creating: int = 0  # creations issued but not yet observed
+    deleting: frozenset[str] = frozenset()  # deletions issued but not yet observed
+    safe: bool = True
+    last_activity: Mapping[str, int] = field(default_factory=dict)  # runner id → ns
+    orphan_since: int | None = None
+    budget: Budget = Budget()
+    settings: PlanSettings = PlanSettings()
+
+
+@dataclass(frozen=True)
+class PoolCounts:
+    idle_ready: int = 0
+    idle_starting: int = 0
+    claimed: int = 0
+    lost: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...]
+    budget: Budget
+    degraded: bool
+    counts: PoolCounts
+
+
+def _claimed_actions(inp: PlanInput, views: list[RunnerView]) -> list[Action]:
+    out: list[Action] = []
+    s = inp.settings
+    for v in views:
+        claim = v.job.claim
+        assert claim is not None
+        if claim.lost_reason is not None:
+            if inp.now - claim.lost_at >= s.lost_retention_ns:
+                out.append(DeleteRunner(v.id, DeleteReason.LOST_RETENTION))
+        elif v.reset is not None:
+            out.append(EndClaim(v.id, v.job.job_modify_index, v.reset))
+        elif claim.timeout > 0:
+            last = inp.last_activity.get(v.id, claim.claimed_at)
+            if inp.now >= last + claim.timeout * SECOND:
+                out.append(DeleteRunner(v.id, DeleteReason.INACTIVITY_TIMEOUT))
+    return out
+
+
+def _next_budget(inp: PlanInput, idle: list[RunnerView], failures: int) -> Budget:
+    budget = inp.budget
+    s = inp.settings
+    recovered = any(
+        v.phase is Phase.READY
+        and v.alloc is not None
+        and v.alloc.create_time > budget.last_failure_at
+        for v in idle
+    )
+    if failures:
+        total = budget.failures + failures
+        delay = min(s.backoff_cap_ns, s.backoff_base_ns * 2 ** min(total - 1, 32))
+        return Budget(failures=total, retry_at=inp.now + delay, last_failure_at=inp.now)
+    if recovered and budget.failures:
+        return replace(budget, failures=0, retry_at=0)
+    return budget
+
+
+def plan(inp: PlanInput) -> Plan:
+    views = [v for v in inp.runners if v.id not in inp.deleting]
+    claimed = [v for v in views if v.claimed]
+    idle = [v for v in views if not v.claimed]
+    actions: list[Action] = _claimed_actions(inp, claimed)
+    counts = PoolCounts(
+        claimed=sum(1 for v in claimed if v.job.claim and v.job.claim.lost_reason is None),
+        lost=sum(1 for v in claimed if v.job.claim and v.job.claim.lost_reason is not None),
+    )
+    env = inp.env
+    if env is None:
+        if (
+            inp.orphan_since is not None
+            and inp.now - inp.orphan_since >= inp.settings.orphan_grace_ns
+        ):
+            actions += [DeleteRunner(v.id, DeleteReason.ORPHAN) for v in idle if v.known]
+        return _finish(inp, actions, inp.budget, counts)
+
+    pool: list[RunnerView] = []
+    failures = 0
+    for v in idle:
+        if not v.known:
+            pool.append(v)  # unreadable: count it so we never over-create, never touch it
+        elif v.job.template_hash != env.template_hash:
+            actions.append(DeleteRunner(v.id, DeleteReason.OUTDATED))
+        elif v.phase in (Phase.DEAD, Phase.STOPPING):
+            actions.append(DeleteRunner(v.id, DeleteReason.DEAD))
+        elif v.failed_to_start:
+            actions.append(DeleteRunner(v.id, DeleteReason.FAILED_TO_START))
+            failures += 1
+        elif (
+            v.phase is Phase.STARTING
+            and inp.now - v.starting_since > inp.settings.startup_timeout_ns
+        ):
+            actions.append(DeleteRunner(v.id, DeleteReason.STARTUP_TIMEOUT))
+            failures += 1
+        else:
+            pool.append(v)
+    budget = _next_budget(inp, idle, failures) if inp.safe else inp.budget
+    counts = replace(
+        counts,
+        idle_ready=sum(1 for v in pool if v.phase is Phase.READY),
+        idle_starting=sum(1 for v in pool if v.phase is not Phase.READY),
+    )
+    have = len(pool) + inp.creating
+    want = env.prewarming_pool_size
+    if have > want:
+        # Starting runners go first (newest first): they serve nobody yet;
+        # then the oldest ready ones.
+        starting = sorted(
+            (v for v in pool if v.phase is not Phase.READY and v.known),
+            key=lambda v: v.job.create_index,
+            reverse=True,
+        )
+        ready = sorted(
+            (v for v in pool if v.phase is Phase.READY), key=lambda v: v.job.create_index
+        )
+        surplus = (starting + ready)[: have - want]
+        actions += [DeleteRunner(v.id, DeleteReason.SURPLUS) for v in surplus]
+    elif have < want and inp.now >= budget.retry_at:
+        actions.append(CreateRunners(env.id, want - have))
+    return _finish(inp, actions, budget, counts)
+
+
+def _finish(inp: PlanInput, actions: list[Action], budget: Budget, counts: PoolCounts) -> Plan:
+    if not inp.safe:
+        actions = [a for a in actions if isinstance(a, CreateRunners)]
+    return Plan(
+        actions=tuple(actions),
+        budget=budget,
+        degraded=budget.failures >= inp.settings.degraded_after,
+        counts=counts,
+    )
