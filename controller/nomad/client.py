@@ -1,0 +1,381 @@
+"""`NomadClient`: the `NomadGateway` over Nomad's HTTP API, on python-nomad.
+
+Every call goes through python-nomad's `Requester.request()` (its per-endpoint
+classes `Jobs`, `Job`, `Allocations`, `Variable`), which builds the URL, adds
+`namespace`/`region`, the `X-Nomad-Token` header and the TLS options, and maps
+error statuses to its exception classes. Its convenience methods are not used
+because each falls short here: they return only the decoded body (dropping
+`X-Nomad-Index`, which blocking queries need), take no `index`/`wait`, no
+per-call timeout and no lock operation, and the variable ones do not apply the
+client's namespace. The requesters are built directly rather than through
+`nomad.Nomad`, which silently falls back to NOMAD_TOKEN, NOMAD_ADDR,
+NOMAD_NAMESPACE, NOMAD_REGION and NOMAD_CLIENT_CERT/KEY from the environment
+and defaults to `verify=False`: every setting here is explicit.
+
+Transient failures (connection errors, timeouts, 429 and 5xx) are retried
+with capped, fully jittered exponential backoff (tenacity); other 4xx are
+final. An EnforceIndex conflict (a 500 whose text starts with "Enforcing job
+modify index") is final too: retrying cannot change the answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+from urllib.parse import quote
+
+import nomad.api
+import nomad.api.exceptions as nomad_exc
+import requests
+import tenacity
+
+from controller.nomad.decode import decode_allocation, decode_job_stub
+from controller.nomad.gateway import (
+    AllocListing,
+    IndexConflict,
+    JobListing,
+    JsonDict,
+    Lock,
+    LockHeld,
+    NomadAPIError,
+    NomadUnavailable,
+    WriteResult,
+)
+
+log = logging.getLogger(__name__)
+
+Outcome: TypeAlias = Literal["ok", "conflict", "error", "unavailable"]
+# (operation, outcome, seconds) after every HTTP request, retries included.
+RequestHook: TypeAlias = Callable[[str, str, float], None]
+# Decides whether an error answer is one the operation handles itself
+# (returning the outcome to report) instead of an error to raise or retry.
+Final: TypeAlias = Callable[[int, str], Outcome | None]
+
+ENFORCE_INDEX_CONFLICT = "Enforcing job modify index"
+# Nomad caps a blocking query's wait at 300 s (and uses 300 s when none is
+# given), then adds up to wait/16 of jitter before answering.
+MAX_BLOCKING_WAIT_S = 300.0
+FIRST_RETRY_WAIT_S = 0.1
+# Errors Nomad's lock RPCs return as plain 500s when the lock (or the variable)
+# is gone: for a renew or release that means "no longer ours", not a fault.
+LOCK_GONE_TEXTS = ("variable doesn't exist", "variable doesn't hold a lock")
+
+
+def tls_options(
+    *, verify: bool, ca_cert: str | None, client_cert: str | None, client_key: str | None
+) -> tuple[bool | str, str | tuple[str, str] | None]:
+    """requests' `verify` and `cert` arguments for our TLS settings.
+
+    Raises ValueError for a named file that does not exist: requests would
+    otherwise raise a bare OSError on every request (even over plain HTTP)."""
+    for name, path in (
+        ("ca_cert", ca_cert),
+        ("client_cert", client_cert),
+        ("client_key", client_key),
+    ):
+        if path and not os.path.isfile(path):
+            raise ValueError(f"{name} {path!r} is not a file")
+    verify_opt: bool | str = ca_cert if (verify and ca_cert) else verify
+    cert: str | tuple[str, str] | None = None
+    if client_cert and client_key:
+        cert = (client_cert, client_key)
+    elif client_cert:
+        cert = client_cert  # one PEM file holding both
+    return verify_opt, cert
+
+
+def go_duration(seconds: float) -> str:
+    """A Go duration string Nomad parses (`15s`, `1500ms`)."""
+    ms = max(0, round(seconds * 1000))
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
+@dataclass(frozen=True)
+class _Reply:
+    status: int
+    body: Any  # decoded JSON of a 2xx answer, else None
+    text: str
+    index: int  # X-Nomad-Index, 0 when absent
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, NomadUnavailable):
+        return True
+    return isinstance(exc, NomadAPIError) and (exc.status >= 500 or exc.status == 429)
+
+
+def _header_index(response: requests.Response) -> int:
+    try:
+        return int(response.headers.get("X-Nomad-Index", "0"))
+    except ValueError:
+        return 0
+
+
+class NomadClient:
+    """Reads and writes in one namespace of one Nomad region (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        address: str,
+        token: str | None = None,
+        namespace: str = "default",
+        region: str | None = None,
+        ca_cert: str | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
+        verify: bool = True,
+        timeout_s: float = 10.0,
+        retry_attempts: int = 5,
+        retry_max_wait_s: float = 2.0,
+        on_request: RequestHook | None = None,
+    ) -> None:
+        self.address = address.rstrip("/")
+        self.namespace = namespace
+        self._timeout_s = timeout_s
+        self._on_request = on_request
+        self._session = requests.Session()
+        verify_opt, cert = tls_options(
+            verify=verify, ca_cert=ca_cert, client_cert=client_cert, client_key=client_key
+        )
+        settings: dict[str, Any] = {
+            "address": self.address,
+            "namespace": namespace,
+            "token": token or None,
+            "timeout": timeout_s,
+            "verify": verify_opt,
+            "cert": cert or (),
+            "region": region or None,
+            "session": self._session,
+        }
+        self._jobs = nomad.api.Jobs(**settings)
+        self._job = nomad.api.Job(**settings)
+        self._allocations = nomad.api.Allocations(**settings)
+        self._variable = nomad.api.Variable(**settings)
+        self._retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(max(1, retry_attempts)),
+            wait=tenacity.wait_random_exponential(
+                multiplier=min(FIRST_RETRY_WAIT_S, retry_max_wait_s), max=retry_max_wait_s
+            ),
+            retry=tenacity.retry_if_exception(_is_transient),
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+
+    def close(self) -> None:
+        self._session.close()
+
+    # -- reads ---------------------------------------------------------------------
+
+    def list_jobs(self, prefix: str = "", index: int = 0, wait_s: float = 0) -> JobListing:
+        params: dict[str, Any] = {"prefix": prefix or None, **self._blocking(index, wait_s)}
+        timeout = self._read_timeout(index, wait_s)
+        reply = self._call(
+            "list_jobs",
+            lambda: self._jobs.request(method="get", params=dict(params), timeout=timeout),
+        )
+        stubs = reply.body if isinstance(reply.body, list) else []
+        return JobListing(
+            jobs=tuple(decode_job_stub(s) for s in stubs if isinstance(s, dict)),
+            index=reply.index,
+        )
+
+    def get_job(self, job_id: str) -> JsonDict | None:
+        reply = self._call(
+            "get_job",
+            lambda: self._job.request(_segment(job_id), method="get"),
+            final=lambda status, _: "ok" if status == 404 else None,
+        )
+        if reply.status == 404 or not isinstance(reply.body, dict):
+            return None
+        return reply.body
+
+    def list_allocations(self, index: int = 0, wait_s: float = 0) -> AllocListing:
+        params: dict[str, Any] = {
+            "resources": "true",
+            "task_states": "true",
+            **self._blocking(index, wait_s),
+        }
+        timeout = self._read_timeout(index, wait_s)
+        reply = self._call(
+            "list_allocations",
+            lambda: self._allocations.request(method="get", params=dict(params), timeout=timeout),
+        )
+        stubs = reply.body if isinstance(reply.body, list) else []
+        return AllocListing(
+            allocations=tuple(decode_allocation(a) for a in stubs if isinstance(a, dict)),
+            index=reply.index,
+        )
+
+    # -- writes --------------------------------------------------------------------
+
+    def register_job(self, job: JsonDict, enforce_index: int | None = None) -> WriteResult:
+        # Nomad takes the job's own Namespace over the query parameter, so a job
+        # read from elsewhere must not carry another namespace into this write.
+        body: JsonDict = {"Job": {**job, "Namespace": self.namespace}}
+        if enforce_index is not None:
+            body["EnforceIndex"] = True
+            body["JobModifyIndex"] = enforce_index
+        # A retried register whose first attempt did land (answer lost to a
+        # timeout) comes back as IndexConflict with enforce_index: the caller
+        # re-observes either way, so that is safe.
+        reply = self._call("register_job", lambda: self._jobs.request(method="put", json=body))
+        answer = reply.body if isinstance(reply.body, dict) else {}
+        return WriteResult(
+            index=int(answer.get("Index") or reply.index),
+            job_modify_index=int(answer.get("JobModifyIndex") or 0),
+        )
+
+    def deregister_job(self, job_id: str, purge: bool = True) -> WriteResult:
+        params = {"purge": "true"} if purge else {}
+        reply = self._call(
+            "deregister_job",
+            lambda: self._job.request(_segment(job_id), method="delete", params=dict(params)),
+        )
+        answer = reply.body if isinstance(reply.body, dict) else {}
+        return WriteResult(index=int(answer.get("Index") or reply.index), job_modify_index=0)
+
+    # -- variable locks ------------------------------------------------------------
+
+    def lock_acquire(self, path: str, ttl_s: float, lock_delay_s: float) -> Lock:
+        body = self._lock_body(
+            path, {"TTL": go_duration(ttl_s), "LockDelay": go_duration(lock_delay_s)}
+        )
+        reply = self._lock_call(
+            "lock_acquire",
+            "lock-acquire",
+            path,
+            body,
+            lambda s, _: "conflict" if s == 409 else None,
+        )
+        if reply.status == 409:
+            raise LockHeld(f"lock {path!r} is held by somebody else")
+        lock = reply.body.get("Lock") if isinstance(reply.body, dict) else None
+        lock_id = lock.get("ID") if isinstance(lock, dict) else None
+        if not isinstance(lock_id, str) or not lock_id:
+            raise NomadAPIError(reply.status, f"lock-acquire answer without Lock.ID: {reply.text}")
+        return Lock(path=path, lock_id=lock_id)
+
+    def lock_renew(self, lock: Lock) -> None:
+        body = self._lock_body(lock.path, {"ID": lock.lock_id})
+        reply = self._lock_call("lock_renew", "lock-renew", lock.path, body, _lock_gone)
+        if reply.status >= 300:
+            raise LockHeld(f"lock {lock.path!r} is no longer ours: {reply.text.strip()}")
+
+    def lock_release(self, lock: Lock) -> None:
+        body = self._lock_body(lock.path, {"ID": lock.lock_id})
+        reply = self._lock_call("lock_release", "lock-release", lock.path, body, _lock_gone)
+        if reply.status >= 300:
+            log.info("lock %r was no longer ours at release: %s", lock.path, reply.text.strip())
+
+    def _lock_body(self, path: str, lock: JsonDict) -> JsonDict:
+        return {"Path": path, "Namespace": self.namespace, "Lock": lock}
+
+    def _lock_call(
+        self, operation: str, op: str, path: str, body: JsonDict, final: Final
+    ) -> _Reply:
+        # python-nomad leaves the namespace off /v1/var/ paths: pass it ourselves.
+        params = {op: "", "namespace": self.namespace}
+        return self._call(
+            operation,
+            lambda: self._variable.request(
+                quote(path, safe="/"), method="put", params=dict(params), json=body
+            ),
+            final=final,
+        )
+
+    # -- plumbing ------------------------------------------------------------------
+
+    @staticmethod
+    def _blocking(index: int, wait_s: float) -> dict[str, Any]:
+        if index <= 0:
+            return {}
+        params: dict[str, Any] = {"index": index}
+        if wait_s > 0:
+            params["wait"] = go_duration(min(wait_s, MAX_BLOCKING_WAIT_S))
+        return params
+
+    def _read_timeout(self, index: int, wait_s: float) -> tuple[float, float]:
+        """(connect, read) timeouts; a blocking query may legitimately stay
+        silent for its wait plus Nomad's jitter, so its read timeout is longer."""
+        if index <= 0:
+            return (self._timeout_s, self._timeout_s)
+        wait = min(wait_s, MAX_BLOCKING_WAIT_S) if wait_s > 0 else MAX_BLOCKING_WAIT_S
+        return (self._timeout_s, wait + wait / 16 + self._timeout_s)
+
+    def _call(
+        self, operation: str, send: Callable[[], requests.Response], final: Final | None = None
+    ) -> _Reply:
+        # A copy per call keeps tenacity's per-run state apart across threads.
+        reply: _Reply = self._retrying.copy()(self._attempt, operation, send, final)
+        return reply
+
+    def _attempt(
+        self, operation: str, send: Callable[[], requests.Response], final: Final | None
+    ) -> _Reply:
+        started = time.monotonic()
+        outcome: Outcome = "error"
+        try:
+            response = send()
+            try:
+                body = response.json() if response.content else None
+            except ValueError:
+                raise NomadAPIError(
+                    response.status_code, f"undecodable answer: {response.text[:200]!r}"
+                ) from None
+            outcome = "ok"
+            return _Reply(response.status_code, body, response.text, _header_index(response))
+        except nomad_exc.BaseNomadException as exc:
+            cause = exc.nomad_resp
+            if not isinstance(cause, requests.Response):
+                # python-nomad wraps transport failures (connection refused,
+                # timeouts, TLS errors) in the same exception class as statuses.
+                outcome = "unavailable"
+                raise NomadUnavailable(f"{operation}: {cause}") from exc
+            status, text = cause.status_code, cause.text
+            handled = final(status, text) if final is not None else None
+            if handled is not None:
+                outcome = handled
+                return _Reply(status, None, text, _header_index(cause))
+            if status == 500 and text.startswith(ENFORCE_INDEX_CONFLICT):
+                outcome = "conflict"
+                raise IndexConflict(text) from None
+            raise NomadAPIError(status, text) from None
+        except (requests.RequestException, OSError) as exc:
+            # python-nomad lets OSError through: requests raises it when a TLS
+            # file it was given has gone missing since the client was built.
+            outcome = "unavailable"
+            raise NomadUnavailable(f"{operation}: {exc}") from exc
+        finally:
+            self._report(operation, outcome, time.monotonic() - started)
+
+    def _report(self, operation: str, outcome: Outcome, seconds: float) -> None:
+        if self._on_request is None:
+            return
+        try:
+            self._on_request(operation, outcome, seconds)
+        except Exception:
+            # A metrics hook must never turn a good answer into a failure.
+            log.exception("on_request hook failed for %s", operation)
+
+    @staticmethod
+    def _log_retry(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        fn_args = state.args
+        operation = fn_args[0] if fn_args else "?"
+        log.info("retrying %s after attempt %d: %s", operation, state.attempt_number, exc)
+
+
+def _segment(value: str) -> str:
+    """One URL path segment: python-nomad joins segments without escaping."""
+    return quote(value, safe="")
+
+
+def _lock_gone(status: int, text: str) -> Outcome | None:
+    if status in (404, 409) or (status == 500 and any(t in text for t in LOCK_GONE_TEXTS)):
+        return "conflict"
+    return None
