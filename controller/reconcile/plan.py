@@ -98,9 +98,10 @@ class Plan:
     budget: Budget
     degraded: bool
     counts: PoolCounts
+    wake_at: int | None = None  # ns; the next deadline (expiry, grace, backoff) to look again at
 
 
-def _claimed_actions(inp: PlanInput, views: list[RunnerView]) -> list[Action]:
+def _claimed_actions(inp: PlanInput, views: list[RunnerView], deadlines: list[int]) -> list[Action]:
     out: list[Action] = []
     s = inp.settings
     for v in views:
@@ -109,12 +110,16 @@ def _claimed_actions(inp: PlanInput, views: list[RunnerView]) -> list[Action]:
         if claim.lost_reason is not None:
             if inp.now - claim.lost_at >= s.lost_retention_ns:
                 out.append(DeleteRunner(v.id, DeleteReason.LOST_RETENTION))
+            else:
+                deadlines.append(claim.lost_at + s.lost_retention_ns)
         elif v.reset is not None:
             out.append(EndClaim(v.id, v.job.job_modify_index, v.reset))
         elif claim.timeout > 0:
-            last = inp.last_activity.get(v.id, claim.claimed_at)
-            if inp.now >= last + claim.timeout * SECOND:
+            expiry = inp.last_activity.get(v.id, claim.claimed_at) + claim.timeout * SECOND
+            if inp.now >= expiry:
                 out.append(DeleteRunner(v.id, DeleteReason.INACTIVITY_TIMEOUT))
+            else:
+                deadlines.append(expiry)
     return out
 
 
@@ -140,19 +145,20 @@ def plan(inp: PlanInput) -> Plan:
     views = [v for v in inp.runners if v.id not in inp.deleting]
     claimed = [v for v in views if v.claimed]
     idle = [v for v in views if not v.claimed]
-    actions: list[Action] = _claimed_actions(inp, claimed)
+    deadlines: list[int] = []
+    actions: list[Action] = _claimed_actions(inp, claimed, deadlines)
     counts = PoolCounts(
         claimed=sum(1 for v in claimed if v.job.claim and v.job.claim.lost_reason is None),
         lost=sum(1 for v in claimed if v.job.claim and v.job.claim.lost_reason is not None),
     )
     env = inp.env
     if env is None:
-        if (
-            inp.orphan_since is not None
-            and inp.now - inp.orphan_since >= inp.settings.orphan_grace_ns
-        ):
-            actions += [DeleteRunner(v.id, DeleteReason.ORPHAN) for v in idle if v.known]
-        return _finish(inp, actions, inp.budget, counts)
+        if inp.orphan_since is not None:
+            if inp.now - inp.orphan_since >= inp.settings.orphan_grace_ns:
+                actions += [DeleteRunner(v.id, DeleteReason.ORPHAN) for v in idle if v.known]
+            elif idle:
+                deadlines.append(inp.orphan_since + inp.settings.orphan_grace_ns)
+        return _finish(inp, actions, inp.budget, counts, deadlines)
 
     pool: list[RunnerView] = []
     failures = 0
@@ -173,6 +179,8 @@ def plan(inp: PlanInput) -> Plan:
             actions.append(DeleteRunner(v.id, DeleteReason.STARTUP_TIMEOUT))
             failures += 1
         else:
+            if v.phase is Phase.STARTING:
+                deadlines.append(v.starting_since + inp.settings.startup_timeout_ns + 1)
             pool.append(v)
     budget = _next_budget(inp, idle, failures) if inp.safe else inp.budget
     counts = replace(
@@ -195,12 +203,17 @@ def plan(inp: PlanInput) -> Plan:
         )
         surplus = (starting + ready)[: have - want]
         actions += [DeleteRunner(v.id, DeleteReason.SURPLUS) for v in surplus]
-    elif have < want and inp.now >= budget.retry_at:
-        actions.append(CreateRunners(env.id, want - have))
-    return _finish(inp, actions, budget, counts)
+    elif have < want:
+        if inp.now >= budget.retry_at:
+            actions.append(CreateRunners(env.id, want - have))
+        else:
+            deadlines.append(budget.retry_at)
+    return _finish(inp, actions, budget, counts, deadlines)
 
 
-def _finish(inp: PlanInput, actions: list[Action], budget: Budget, counts: PoolCounts) -> Plan:
+def _finish(
+    inp: PlanInput, actions: list[Action], budget: Budget, counts: PoolCounts, deadlines: list[int]
+) -> Plan:
     if not inp.safe:
         actions = [a for a in actions if isinstance(a, CreateRunners)]
     return Plan(
@@ -208,4 +221,5 @@ def _finish(inp: PlanInput, actions: list[Action], budget: Budget, counts: PoolC
         budget=budget,
         degraded=budget.failures >= inp.settings.degraded_after,
         counts=counts,
+        wake_at=min((d for d in deadlines if d > inp.now), default=None),
     )

@@ -223,3 +223,16 @@ def test_backoff_is_capped():
     budget = Budget(failures=20, retry_at=0, last_failure_at=T0)
     result = run([view(1, Phase.STARTING, failed_to_start=True)], budget=budget)
     assert result.budget.retry_at - (T0 + SECOND) == 16 * SECOND
+
+
+def test_wake_at_is_the_next_deadline():
+    claimed = view(1, claim=Claim(timeout=30, alloc_id="a1", claimed_at=T0))
+    lost = view(2, Phase.DEAD, claim=Claim(alloc_id="a2", lost_reason=LossReason.LOST, lost_at=T0))
+    starting = view(3, Phase.STARTING)
+    assert run([claimed, lost, view(4), view(5)]).wake_at == T0 + 30 * SECOND
+    assert run([lost, view(4), view(5), view(6)]).wake_at == T0 + 3600 * SECOND
+    assert run([starting, view(4), view(5)]).wake_at == T0 + 120 * SECOND + 1
+    assert run([view(1)], env=None, orphan_since=T0).wake_at == T0 + 60 * SECOND
+    backing_off = Budget(failures=1, retry_at=T0 + 5 * SECOND, last_failure_at=T0)
+    assert run([], budget=backing_off).wake_at == T0 + 5 * SECOND
+    assert run([view(4), view(5), view(6)]).wake_at is None

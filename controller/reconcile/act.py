@@ -1,0 +1,170 @@
+"""act: carries a plan's actions out as Nomad writes, with bounded concurrency
+and a global write rate, each recorded in metrics and expectations.
+
+Every write re-checks what it is about to change, because time passed since
+the plan: a deletion of an idle runner skips one that has been claimed
+meanwhile (and holds the RunnerGuard so no claim can start during it), an
+inactivity release skips a runner touched meanwhile, and ending a claim is a
+register with EnforceIndex, so it loses to any other change.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from controller.clock import Clock
+from controller.metrics import Metrics
+from controller.model import Template
+from controller.nomad import jobs
+from controller.nomad.gateway import IndexConflict, NomadAPIError, NomadGateway, NomadUnavailable
+from controller.reconcile.claims import Claims, RunnerGuard
+from controller.reconcile.expectations import Expectations
+from controller.reconcile.observe import Observer
+from controller.reconcile.plan import Action, CreateRunners, DeleteReason, DeleteRunner, EndClaim
+from controller.reconcile.ratelimit import TokenBucket
+
+log = logging.getLogger(__name__)
+
+# Reasons that remove a runner nobody holds; they must never hit a claimed one.
+_IDLE_REASONS = {
+    DeleteReason.SURPLUS,
+    DeleteReason.OUTDATED,
+    DeleteReason.DEAD,
+    DeleteReason.FAILED_TO_START,
+    DeleteReason.STARTUP_TIMEOUT,
+    DeleteReason.ORPHAN,
+}
+
+
+class Actor:
+    def __init__(
+        self,
+        gateway: NomadGateway,
+        observer: Observer,
+        expectations: Expectations,
+        guard: RunnerGuard,
+        claims: Claims,
+        clock: Clock,
+        metrics: Metrics,
+        rate: TokenBucket,
+        concurrency: int = 8,
+        is_leader: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self._gateway = gateway
+        self._observer = observer
+        self._expectations = expectations
+        self._guard = guard
+        self._claims = claims
+        self._clock = clock
+        self._metrics = metrics
+        self._rate = rate
+        self._is_leader = is_leader
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="nrc-write")
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def execute(self, env_id: int, actions: tuple[Action, ...], template: Template | None) -> int:
+        """Run all actions; return how many writes failed (the pass is then retried)."""
+        futures: list[Future[bool]] = []
+        for action in actions:
+            if isinstance(action, CreateRunners):
+                if template is None:
+                    continue
+                for _ in range(action.count):
+                    futures.append(self._pool.submit(self._create, env_id, template))
+            elif isinstance(action, DeleteRunner):
+                futures.append(self._pool.submit(self._delete, env_id, action))
+            else:
+                futures.append(self._pool.submit(self._end_claim, action))
+        return sum(1 for f in futures if not f.result())
+
+    def _write_allowed(self) -> bool:
+        # A replica that lost the lock stops at once, even mid-pass.
+        return self._is_leader() and self._rate.acquire(timeout_s=30.0)
+
+    def _record(self, action: str, outcome: str) -> None:
+        self._metrics.nomad_writes.labels(action, outcome).inc()
+
+    def _create(self, env_id: int, template: Template) -> bool:
+        if not self._write_allowed():
+            return False
+        job_id = jobs.runner_job_id(env_id, str(uuid.uuid4()))
+        spec = jobs.runner_job(template.spec, template.env, job_id)
+        self._expectations.expect_create(env_id, job_id)
+        try:
+            result = self._gateway.register_job(spec, enforce_index=0)
+        except NomadUnavailable as exc:
+            # The write may have landed: keep expecting it until a list or the
+            # timeout says otherwise, so it is never created twice.
+            self._record("create", "unavailable")
+            log.warning("creating runner %s: %s", job_id, exc)
+            return False
+        except (NomadAPIError, IndexConflict) as exc:
+            self._expectations.create_failed(job_id)
+            self._record("create", "error")
+            log.warning("creating runner %s: %s", job_id, exc)
+            return False
+        self._expectations.created(job_id, result.index)
+        self._record("create", "ok")
+        return True
+
+    def _delete(self, env_id: int, action: DeleteRunner) -> bool:
+        runner_id = action.runner_id
+        if not self._guard.begin_delete(runner_id):
+            return True  # a claim is in flight: the next pass decides again
+        try:
+            view = self._observer.snapshot.runners.get(runner_id)
+            if view is None:
+                return True
+            if action.reason in _IDLE_REASONS and view.claimed:
+                log.info("not deleting %s (%s): it was claimed meanwhile", runner_id, action.reason)
+                return True
+            if action.reason is DeleteReason.INACTIVITY_TIMEOUT and not self._claims.expired(
+                view, self._clock.now_ns()
+            ):
+                return True
+            if not self._write_allowed():
+                return False
+            self._expectations.expect_delete(env_id, runner_id)
+            try:
+                result = self._gateway.deregister_job(runner_id, purge=True)
+            except (NomadUnavailable, NomadAPIError) as exc:
+                self._expectations.delete_failed(runner_id)
+                self._record("delete", "error")
+                log.warning("deleting runner %s (%s): %s", runner_id, action.reason, exc)
+                return False
+            self._expectations.deleted(runner_id, result.index)
+            self._observer.forget(runner_id)
+            self._claims.forget(runner_id)
+            self._record("delete", "ok")
+            log.info("deleted runner %s (%s)", runner_id, action.reason)
+            return True
+        finally:
+            self._guard.end_delete(runner_id)
+
+    def _end_claim(self, action: EndClaim) -> bool:
+        spec = self._observer.spec(action.runner_id)
+        if spec is None or int(spec.get("JobModifyIndex") or 0) != action.job_modify_index:
+            return True  # changed since the plan: the next pass looks again
+        if not self._write_allowed():
+            return False
+        new = jobs.with_lost(spec, action.reason, self._clock.now_ns())
+        try:
+            result = self._gateway.register_job(new, enforce_index=action.job_modify_index)
+        except IndexConflict:
+            self._record("end_claim", "conflict")
+            return True
+        except (NomadUnavailable, NomadAPIError) as exc:
+            self._record("end_claim", "error")
+            log.warning("ending claim on %s (%s): %s", action.runner_id, action.reason, exc)
+            return False
+        new["JobModifyIndex"] = result.job_modify_index
+        self._observer.apply_spec(action.runner_id, new)
+        self._record("end_claim", "ok")
+        self._metrics.runner_losses.labels(action.reason.value).inc()
+        log.info("claimed runner %s lost: %s", action.runner_id, action.reason)
+        return True

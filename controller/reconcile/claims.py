@@ -1,0 +1,220 @@
+"""Claims: hand a ready idle runner to exactly one client, and take it back.
+
+A claim writes `used=true`, the inactivity timeout and the claim's incarnation
+(the allocation and its restart count) into the runner's config meta with
+EnforceIndex + JobModifyIndex. Nomad accepts only the first of two writes
+based on the same index, so two claimers never win the same runner, across
+threads, replicas and restarts; the loser tries the next runner.
+
+Within one process, `RunnerGuard` also keeps a claim and a deletion of the
+same runner from overlapping (a deregistration cannot be made conditional).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+
+from controller.clock import Clock
+from controller.metrics import Metrics
+from controller.model import SECOND, Claim, Phase, RunnerView
+from controller.nomad import jobs
+from controller.nomad.gateway import IndexConflict, NomadGateway
+from controller.reconcile.expectations import Expectations
+from controller.reconcile.observe import Observer
+
+log = logging.getLogger(__name__)
+
+
+class NoRunnerAvailable(Exception):
+    """The environment has no ready idle runner right now (the pool refills)."""
+
+
+class UnknownEnvironment(Exception):
+    """No template job exists for the environment."""
+
+
+class NotLeader(Exception):
+    """This replica does not serve claims: leader election is on and it does not
+    hold the lock, or it has not observed Nomad since it took the lock."""
+
+
+class RunnerGuard:
+    """Per-runner exclusion between a claim and a deletion in this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._claiming: set[str] = set()
+        self._deleting: set[str] = set()
+
+    def begin_claim(self, runner_id: str) -> bool:
+        with self._lock:
+            if runner_id in self._claiming or runner_id in self._deleting:
+                return False
+            self._claiming.add(runner_id)
+            return True
+
+    def end_claim(self, runner_id: str) -> None:
+        with self._lock:
+            self._claiming.discard(runner_id)
+
+    def begin_delete(self, runner_id: str) -> bool:
+        with self._lock:
+            if runner_id in self._claiming or runner_id in self._deleting:
+                return False
+            self._deleting.add(runner_id)
+            return True
+
+    def end_delete(self, runner_id: str) -> None:
+        with self._lock:
+            self._deleting.discard(runner_id)
+
+
+class Claims:
+    def __init__(
+        self,
+        gateway: NomadGateway,
+        observer: Observer,
+        expectations: Expectations,
+        guard: RunnerGuard,
+        clock: Clock,
+        metrics: Metrics,
+        can_serve: Callable[[], bool],
+        on_change: Callable[[int], None],
+    ) -> None:
+        self._gateway = gateway
+        self._observer = observer
+        self._expectations = expectations
+        self._guard = guard
+        self._clock = clock
+        self._metrics = metrics
+        self._can_serve = can_serve
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._activity: dict[str, int] = {}
+        # Timers are not in Nomad: after a restart they count from our start,
+        # so a claim is never released earlier than its client could expect.
+        self._started_ns = clock.now_ns()
+
+    def claim(self, env_id: int, timeout_s: int) -> RunnerView:
+        if not self._can_serve():
+            raise NotLeader
+        started = self._clock.monotonic()
+        snap = self._observer.snapshot
+        template = snap.templates.get(env_id)
+        if template is None:
+            raise UnknownEnvironment(env_id)
+        candidates = sorted(
+            (
+                v
+                for v in snap.views(env_id)
+                if not v.claimed
+                and v.known
+                and v.phase is Phase.READY
+                and v.job.template_hash == template.env.template_hash
+                and not self._expectations.is_deleting(v.id)
+            ),
+            key=lambda v: v.job.create_index,
+        )
+        for candidate in candidates:
+            if not self._guard.begin_claim(candidate.id):
+                continue
+            try:
+                view = self._try_claim(candidate.id, timeout_s)
+            finally:
+                self._guard.end_claim(candidate.id)
+            if view is not None:
+                self._metrics.claims.labels("claimed").inc()
+                self._metrics.claim_seconds.observe(self._clock.monotonic() - started)
+                self._on_change(env_id)
+                return view
+        self._metrics.claims.labels("empty").inc()
+        self._on_change(env_id)
+        raise NoRunnerAvailable(env_id)
+
+    def _try_claim(self, runner_id: str, timeout_s: int) -> RunnerView | None:
+        # Re-read under the guard: the snapshot may have moved since we chose.
+        current = self._observer.snapshot.runners.get(runner_id)
+        spec = self._observer.spec(runner_id)
+        if current is None or spec is None or current.claimed or current.alloc is None:
+            return None
+        if current.phase is not Phase.READY:
+            return None
+        now = self._clock.now_ns()
+        claim = Claim(
+            timeout=timeout_s,
+            alloc_id=current.alloc.id,
+            restarts=current.alloc.restarts,
+            claimed_at=now,
+        )
+        new = jobs.with_claim(spec, claim)
+        try:
+            result = self._gateway.register_job(
+                new, enforce_index=int(spec.get("JobModifyIndex") or 0)
+            )
+        except IndexConflict:
+            # Somebody else changed it first (another claimer, a replica): next one.
+            self._metrics.claims.labels("conflict").inc()
+            log.info("claim of %s lost a race; trying the next runner", runner_id)
+            return None
+        new["JobModifyIndex"] = result.job_modify_index
+        self._observer.apply_spec(runner_id, new)
+        with self._lock:
+            self._activity[runner_id] = now
+        view = self._observer.snapshot.runners.get(runner_id)
+        if view is None or view.job.claim != claim:
+            self._metrics.invariant_violations.labels("claim_not_visible").inc()
+            log.error("claim of %s written but not visible in the snapshot", runner_id)
+            return None
+        return view
+
+    def lookup(self, runner_id: str) -> RunnerView | None:
+        return self._observer.snapshot.runners.get(runner_id)
+
+    def touch(self, runner_id: str) -> None:
+        """A request touched the runner: its inactivity timer starts again."""
+        with self._lock:
+            self._activity[runner_id] = self._clock.now_ns()
+
+    def last_activity(self, views: Iterable[RunnerView]) -> dict[str, int]:
+        """When each claimed runner was last touched (claim time or our start at least)."""
+        out: dict[str, int] = {}
+        with self._lock:
+            for v in views:
+                if v.job.claim is None:
+                    continue
+                floor = max(v.job.claim.claimed_at, self._started_ns)
+                out[v.id] = max(self._activity.get(v.id, 0), floor)
+        return out
+
+    def expired(self, view: RunnerView, now_ns: int) -> bool:
+        claim = view.job.claim
+        if claim is None or claim.timeout <= 0 or claim.lost_reason is not None:
+            return False
+        last = self.last_activity([view])[view.id]
+        return now_ns >= last + claim.timeout * SECOND
+
+    def release(self, runner_id: str) -> bool:
+        """End a claim (deregister with purge). False when there is no such claim."""
+        if not self._can_serve():
+            raise NotLeader
+        view = self._observer.snapshot.runners.get(runner_id)
+        if view is None or not view.claimed or self._expectations.is_deleting(runner_id):
+            return False
+        self._expectations.expect_delete(view.env_id, runner_id)
+        try:
+            result = self._gateway.deregister_job(runner_id, purge=True)
+        except Exception:
+            self._expectations.delete_failed(runner_id)
+            raise
+        self._expectations.deleted(runner_id, result.index)
+        self._observer.forget(runner_id)
+        with self._lock:
+            self._activity.pop(runner_id, None)
+        self._on_change(view.env_id)
+        return True
+
+    def forget(self, runner_id: str) -> None:
+        with self._lock:
+            self._activity.pop(runner_id, None)
