@@ -139,8 +139,8 @@ class Claims:
         spec = self._observer.spec(runner_id)
         if current is None or spec is None or current.claimed or current.alloc is None:
             return None
-        if current.phase is not Phase.READY:
-            return None
+        if current.phase is not Phase.READY or jobs.runner_from_job(spec, current.env_id).claim:
+            return None  # the spec is the newest we know: never claim over a claim
         now = self._clock.now_ns()
         claim = Claim(
             timeout=timeout_s,

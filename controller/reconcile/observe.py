@@ -83,6 +83,9 @@ class Observer:
         self._snapshot = EMPTY
         self._specs: dict[str, JsonDict] = {}
         self._wanted = 0  # newest event index heard of
+        # Our writes since the current refresh began: the lists it is reading
+        # may predate them, so they are laid over its result.
+        self._writes: dict[str, JsonDict | None] = {}
         self._observed_once = False
 
     # -- what passes and claims read --------------------------------------------
@@ -108,10 +111,20 @@ class Observer:
         """A snapshot fresh for every event heard of so far (refreshing if needed)."""
         with self._lock:
             snap, wanted = self._snapshot, self._wanted
-        fresh = self._observed_once and snap.covers >= wanted
-        if fresh and (max_age_s is None or self._clock.monotonic() - snap.taken_at <= max_age_s):
+        if self._fresh(snap, wanted, max_age_s):
             return snap
-        return self.refresh()
+        with self._refresh_lock:
+            # Passes woken by the same events queue up here: the first one's
+            # refresh serves them all.
+            snap = self.snapshot
+            if self._fresh(snap, wanted, max_age_s):
+                return snap
+            return self._refresh_locked()
+
+    def _fresh(self, snap: Snapshot, wanted: int, max_age_s: float | None) -> bool:
+        if not self._observed_once or snap.covers < wanted:
+            return False
+        return max_age_s is None or self._clock.monotonic() - snap.taken_at <= max_age_s
 
     # -- our own writes -----------------------------------------------------------
 
@@ -122,40 +135,15 @@ class Observer:
             if cached is not None and _jmi(cached) > _jmi(spec):
                 return
             self._specs[job_id] = spec
-            snap = self._snapshot
-            env_id = jobs.template_env_id(job_id)
-            if env_id is not None:
-                templates = dict(snap.templates)
-                templates[env_id] = _template(spec, env_id)
-                self._snapshot = replace(snap, templates=templates)
-                return
-            env_id = jobs.runner_env_id(job_id)
-            old = snap.runners.get(job_id)
-            if env_id is None or old is None:
-                return  # a new runner shows up with the next list (its creation is expected)
-            runner = replace(
-                jobs.runner_from_job(spec, env_id),
-                status=old.job.status,
-                stop=bool(spec.get("Stop")),
-            )
-            runners = dict(snap.runners)
-            runners[job_id] = derive_runner(runner, snap.allocs.get(job_id, ()))
-            self._snapshot = replace(snap, runners=runners)
+            self._writes[job_id] = spec
+            self._snapshot = _with_spec(self._snapshot, job_id, spec)
 
     def forget(self, job_id: str) -> None:
         """A job we just deleted."""
         with self._lock:
             self._specs.pop(job_id, None)
-            snap = self._snapshot
-            env_id = jobs.template_env_id(job_id)
-            if env_id is not None and env_id in snap.templates:
-                templates = dict(snap.templates)
-                del templates[env_id]
-                self._snapshot = replace(snap, templates=templates)
-            elif job_id in snap.runners:
-                runners = dict(snap.runners)
-                del runners[job_id]
-                self._snapshot = replace(snap, runners=runners, by_env=_index_by_env(runners))
+            self._writes[job_id] = None
+            self._snapshot = _without(self._snapshot, job_id)
 
     # -- refresh ------------------------------------------------------------------
 
@@ -163,76 +151,103 @@ class Observer:
         """List jobs and allocations and rebuild the snapshot. Raises
         NomadUnavailable / NomadAPIError when a list fails (the pass retries)."""
         with self._refresh_lock:
-            with self._lock:
-                covers = self._wanted
-                prev = self._snapshot
-            started = self._clock.monotonic()
-            job_list = self._gateway.list_jobs()
-            alloc_list = self._gateway.list_allocations()
-            if self._observed_once and (
-                job_list.index < prev.jobs_index or alloc_list.index < prev.allocs_index
-            ):
-                # A follower answered from behind what we have already seen.
-                self._metrics.stale_lists.inc()
-                log.debug(
-                    "discarding stale lists (jobs %d < %d or allocations %d < %d)",
-                    job_list.index,
-                    prev.jobs_index,
-                    alloc_list.index,
-                    prev.allocs_index,
-                )
-                return prev
-            stubs = {s.id: s for s in job_list.jobs if jobs.env_id_of(s.id) is not None}
-            self._expectations.observe(frozenset(stubs), job_list.index)
-            specs, unreadable = self._fetch_changed(stubs)
-            allocs: dict[str, list[Allocation]] = defaultdict(list)
-            for alloc in alloc_list.allocations:
-                if alloc.job_id in stubs:
-                    allocs[alloc.job_id].append(alloc)
-            templates: dict[int, Template] = {}
-            runners: dict[str, RunnerView] = {}
-            for job_id, stub in stubs.items():
-                env_id = jobs.template_env_id(job_id)
-                spec = specs.get(job_id)
-                if env_id is not None:
-                    if spec is not None:
-                        templates[env_id] = _template(spec, env_id)
-                    continue
-                env_id = jobs.runner_env_id(job_id)
-                assert env_id is not None
-                runner_allocs = tuple(allocs.get(job_id, ()))
-                if spec is None:
-                    runners[job_id] = _unknown(stub, env_id, runner_allocs)
-                    continue
-                runner = jobs.runner_from_job(spec, env_id)
-                # Status is not part of the spec (it changes without a new
-                # JobModifyIndex): it comes from the list.
-                runner = replace(runner, status=stub.status)
-                runners[job_id] = derive_runner(runner, runner_allocs)
-            snap = Snapshot(
-                templates=templates,
-                runners=runners,
-                allocs={j: tuple(a) for j, a in allocs.items()},
-                jobs_index=job_list.index,
-                allocs_index=alloc_list.index,
-                covers=covers,
-                taken_at=self._clock.monotonic(),
-                safe=not unreadable,
-                by_env=_index_by_env(runners),
+            return self._refresh_locked()
+
+    def _refresh_locked(self) -> Snapshot:
+        with self._lock:
+            covers = self._wanted
+            prev = self._snapshot
+            self._writes = {}
+        started = self._clock.monotonic()
+        job_list = self._gateway.list_jobs()
+        alloc_list = self._gateway.list_allocations()
+        if (
+            self._observed_once
+            and prev.safe
+            and (job_list.index, alloc_list.index)
+            == (
+                prev.jobs_index,
+                prev.allocs_index,
             )
+        ):
+            # Nothing changed since the last look (the indexes say so): keep
+            # the derived snapshot, only note that it is fresh.
             with self._lock:
-                # Keep specs we wrote meanwhile if they are newer than what we read.
-                for job_id, spec in specs.items():
-                    mine = self._specs.get(job_id)
-                    if mine is None or _jmi(mine) <= _jmi(spec):
-                        self._specs[job_id] = spec
-                for job_id in list(self._specs):
-                    if job_id not in stubs:
-                        del self._specs[job_id]
+                # The current snapshot, not `prev`: it has our writes since.
+                snap = replace(self._snapshot, covers=covers, taken_at=self._clock.monotonic())
                 self._snapshot = snap
-                self._observed_once = True
-            self._metrics.observe_seconds.observe(self._clock.monotonic() - started)
+            self._expectations.observe(frozenset(prev.runners), job_list.index)
             return snap
+        if self._observed_once and (
+            job_list.index < prev.jobs_index or alloc_list.index < prev.allocs_index
+        ):
+            # A follower answered from behind what we have already seen.
+            self._metrics.stale_lists.inc()
+            log.debug(
+                "discarding stale lists (jobs %d < %d or allocations %d < %d)",
+                job_list.index,
+                prev.jobs_index,
+                alloc_list.index,
+                prev.allocs_index,
+            )
+            return prev
+        stubs = {s.id: s for s in job_list.jobs if jobs.env_id_of(s.id) is not None}
+        self._expectations.observe(frozenset(stubs), job_list.index)
+        specs, unreadable = self._fetch_changed(stubs)
+        allocs: dict[str, list[Allocation]] = defaultdict(list)
+        for alloc in alloc_list.allocations:
+            if alloc.job_id in stubs:
+                allocs[alloc.job_id].append(alloc)
+        templates: dict[int, Template] = {}
+        runners: dict[str, RunnerView] = {}
+        for job_id, stub in stubs.items():
+            env_id = jobs.template_env_id(job_id)
+            spec = specs.get(job_id)
+            if env_id is not None:
+                if spec is not None:
+                    templates[env_id] = _template(spec, env_id)
+                continue
+            env_id = jobs.runner_env_id(job_id)
+            assert env_id is not None
+            runner_allocs = tuple(allocs.get(job_id, ()))
+            if spec is None:
+                runners[job_id] = _unknown(stub, env_id, runner_allocs)
+                continue
+            runner = jobs.runner_from_job(spec, env_id)
+            # Status is not part of the spec (it changes without a new
+            # JobModifyIndex): it comes from the list.
+            runner = replace(runner, status=stub.status)
+            runners[job_id] = derive_runner(runner, runner_allocs)
+        snap = Snapshot(
+            templates=templates,
+            runners=runners,
+            allocs={j: tuple(a) for j, a in allocs.items()},
+            jobs_index=job_list.index,
+            allocs_index=alloc_list.index,
+            covers=covers,
+            taken_at=self._clock.monotonic(),
+            safe=not unreadable,
+            by_env=_index_by_env(runners),
+        )
+        with self._lock:
+            # Keep specs we wrote meanwhile if they are newer than what we read.
+            for job_id, spec in specs.items():
+                mine = self._specs.get(job_id)
+                if mine is None or _jmi(mine) <= _jmi(spec):
+                    self._specs[job_id] = spec
+            for job_id in list(self._specs):
+                if job_id not in stubs:
+                    del self._specs[job_id]
+            for job_id, written in self._writes.items():
+                if written is None:
+                    snap = _without(snap, job_id)
+                elif _jmi(written) > _jmi(specs.get(job_id) or {}):
+                    self._specs[job_id] = written
+                    snap = _with_spec(snap, job_id, written)
+            self._snapshot = snap
+            self._observed_once = True
+        self._metrics.observe_seconds.observe(self._clock.monotonic() - started)
+        return snap
 
     def _fetch_changed(self, stubs: Mapping[str, JobStub]) -> tuple[dict[str, JsonDict], set[str]]:
         """Specs of all listed jobs: cached ones reused, new or changed ones fetched."""
@@ -266,6 +281,34 @@ class Observer:
                     unreadable.add(job_id)
                 # ok and None: deleted between the list and the read; it is gone.
         return specs, unreadable
+
+
+def _with_spec(snap: Snapshot, job_id: str, spec: JsonDict) -> Snapshot:
+    env_id = jobs.template_env_id(job_id)
+    if env_id is not None:
+        return replace(snap, templates={**snap.templates, env_id: _template(spec, env_id)})
+    env_id = jobs.runner_env_id(job_id)
+    old = snap.runners.get(job_id)
+    if env_id is None or old is None:
+        return snap  # a new runner shows up with the next list (its creation is expected)
+    runner = replace(
+        jobs.runner_from_job(spec, env_id), status=old.job.status, stop=bool(spec.get("Stop"))
+    )
+    view = derive_runner(runner, snap.allocs.get(job_id, ()))
+    return replace(snap, runners={**snap.runners, job_id: view})
+
+
+def _without(snap: Snapshot, job_id: str) -> Snapshot:
+    env_id = jobs.template_env_id(job_id)
+    if env_id is not None and env_id in snap.templates:
+        templates = dict(snap.templates)
+        del templates[env_id]
+        return replace(snap, templates=templates)
+    if job_id in snap.runners:
+        runners = dict(snap.runners)
+        del runners[job_id]
+        return replace(snap, runners=runners, by_env=_index_by_env(runners))
+    return snap
 
 
 def _jmi(spec: JsonDict) -> int:
