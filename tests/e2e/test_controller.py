@@ -262,3 +262,68 @@ def test_two_controllers_with_leader_election_exactly_one_acts(
     wait_until(follower.ready, timeout=5)
     runner = follower.claims.claim(ENV.id, timeout_s=0)
     assert runner.claimed
+
+
+def test_node_down_loses_the_claimed_runner(
+    make_sim: MakeSim, make_controller: MakeController
+) -> None:
+    sim = make_sim(nodes=2)
+    c = make_controller(sim)
+    c.put_environment(ENV)
+    wait_until(lambda: converged(c, sim), timeout=10)
+    runner = c.claims.claim(ENV.id, timeout_s=0)
+    assert runner.alloc is not None
+    r = Http(sim.address).request("POST", f"/_sim/node/{runner.alloc.node_id}/down")
+    assert r.status_code == 200, r.text
+
+    def reason() -> LossReason | None:
+        view = c.claims.lookup(runner.id)
+        return view.job.claim.lost_reason if view and view.job.claim else None
+
+    assert wait_until(reason, timeout=10) is LossReason.LOST
+    wait_until(lambda: len(idle_ready(c)) == ENV.prewarming_pool_size, timeout=10)
+
+
+def test_no_capacity_backs_off_and_degrades_then_recovers(
+    sim: SimServer, make_controller: MakeController
+) -> None:
+    from controller.model import SECOND
+    from controller.reconcile.plan import PlanSettings
+
+    c = make_controller(
+        sim,
+        plan=PlanSettings(
+            startup_timeout_ns=SECOND // 5,
+            backoff_base_ns=SECOND // 10,
+            backoff_cap_ns=SECOND,
+            degraded_after=3,
+        ),
+    )
+    # more memory than any node has: every allocation stays unplaced
+    huge = Environment(id=15, image="python:3.12", memory_limit=10**7, prewarming_pool_size=2)
+    c.put_environment(huge)
+    wait_until(lambda: c.degraded(huge.id), timeout=10)
+    assert c.metrics.environment_degraded.labels("15")._value.get() == 1
+    # churn is bounded: never more runner jobs than the pool at once
+    assert len(runner_jobs(sim)) <= 2
+    created = registered(sim) - 1
+    assert created <= 2 * 4  # ≤ 4 rounds of 2 within the backoff so far
+    fixed = Environment(id=15, image="python:3.12", memory_limit=128, prewarming_pool_size=2)
+    c.put_environment(fixed)
+    wait_until(lambda: converged(c, sim, fixed), timeout=10)
+    wait_until(lambda: not c.degraded(huge.id), timeout=10)
+
+
+def test_pools_converge_through_no_leader_bursts(
+    make_sim: MakeSim, make_controller: MakeController
+) -> None:
+    sim = make_sim(seed=9)
+    c = make_controller(sim)
+    wait_until(c.ready)
+    http = Http(sim.address)
+    http.request("PUT", "/_sim/faults", json={"http_error_rate": 0.3}).raise_for_status()
+    c.put_environment(ENV)
+    wait_until(lambda: len(idle_ready(c)) == ENV.prewarming_pool_size, timeout=15)
+    http.request("PUT", "/_sim/faults", json={"http_error_rate": 0.0}).raise_for_status()
+    wait_until(lambda: converged(c, sim), timeout=10)
+    assert registered(sim) == 1 + ENV.prewarming_pool_size
