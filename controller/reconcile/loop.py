@@ -28,7 +28,7 @@ from controller.reconcile.claims import Claims, NotLeader, RunnerGuard
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.leader import LeaderElector
 from controller.reconcile.observe import Observer, Snapshot
-from controller.reconcile.plan import Budget, PlanInput, PlanSettings, plan
+from controller.reconcile.plan import Budget, PlanInput, PlanSettings, PoolCounts, plan
 from controller.reconcile.queue import WorkQueue
 from controller.reconcile.ratelimit import TokenBucket
 
@@ -281,7 +281,7 @@ class Controller:
         env_id: int,
         snap: Snapshot,
         views: tuple[RunnerView, ...],
-        counts: Any,
+        counts: PoolCounts,
         exists: bool,
         degraded: bool,
     ) -> None:
@@ -318,6 +318,30 @@ class Controller:
                 self._seen_ready &= live
 
     # -- what the API uses ---------------------------------------------------------------
+
+    def pool_counts(self, env_id: int) -> PoolCounts:
+        """Live counts from the snapshot (a claim shows at once, before any pass)."""
+        views = self.observer.snapshot.views(env_id)
+        idle = [v for v in views if not v.claimed]
+        claims = [v.job.claim for v in views if v.job.claim is not None]
+        return PoolCounts(
+            idle_ready=sum(1 for v in idle if v.phase is Phase.READY and v.known),
+            idle_starting=sum(1 for v in idle if v.phase is Phase.STARTING or not v.known),
+            claimed=sum(1 for c in claims if c.lost_reason is None),
+            lost=sum(1 for c in claims if c.lost_reason is not None),
+        )
+
+    def nomad_error(self) -> str | None:
+        """Why Nomad cannot be observed right now, or None."""
+        if self.observer.last_error is not None:
+            return self.observer.last_error
+        if not self.observer.observed_once:
+            return "Nomad has not been observed yet"
+        return None
+
+    def sync(self) -> None:
+        """Re-list Nomad now (e.g. `?fetch=true`); raises when Nomad cannot be read."""
+        self.observer.refresh()
 
     def degraded(self, env_id: int) -> bool:
         with self._lock:

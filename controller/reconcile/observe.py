@@ -87,6 +87,7 @@ class Observer:
         # may predate them, so they are laid over its result.
         self._writes: dict[str, JsonDict | None] = {}
         self._observed_once = False
+        self.last_error: str | None = None  # why the last refresh failed; None after a success
 
     # -- what passes and claims read --------------------------------------------
 
@@ -154,6 +155,15 @@ class Observer:
             return self._refresh_locked()
 
     def _refresh_locked(self) -> Snapshot:
+        try:
+            snap = self._observe()
+        except Exception as exc:
+            self.last_error = str(exc) or type(exc).__name__
+            raise
+        self.last_error = None
+        return snap
+
+    def _observe(self) -> Snapshot:
         with self._lock:
             covers = self._wanted
             prev = self._snapshot
