@@ -1,23 +1,156 @@
-"""Prometheus metrics of the controller, on a registry the caller owns (no
-global registry, so tests and several controllers in one process never clash).
-All names start with `nrc_`."""
+"""Prometheus metrics, on a registry the caller owns (no global registry, so
+tests and several controllers in one process never clash).
+
+The generic machinery uses controller-runtime's and client-go's names, so
+existing Kubernetes-controller dashboards work unchanged; domain metrics
+start with `nrc_`. Every label value a dashboard or alert needs is created at
+start-up (at 0), so a rate() over it exists before the first occurrence.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-_FAST = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-_STARTUP = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+from controller.model import LossReason
+
+CONTROLLER = "runner-pool"  # the `controller` / `name` label of the generic metrics
+QUEUE = "environments"
+
+_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_STARTUP = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+RUNNER_STATES = ("idle", "starting", "claimed", "lost")
+CLAIM_RESULTS = ("claimed", "empty", "conflict", "error")
+DELETE_REASONS = (
+    "surplus",
+    "outdated",
+    "dead",
+    "failed_to_start",
+    "startup_timeout",
+    "inactivity_timeout",
+    "lost_retention",
+    "orphan",
+    "released",
+)
+RECONCILE_RESULTS = ("success", "error", "requeue_after")
+INVARIANTS = ("claimed_twice", "claimed_in_pool")
+GUARDS = ("expectation", "stale_list")
+EVENT_TOPICS = ("Job", "Allocation", "Evaluation", "Node")
 
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+
+        # -- controller-runtime / client-go names ------------------------------------
+        self.reconcile_total = Counter(
+            "controller_runtime_reconcile_total",
+            "Reconcile passes by result.",
+            ["controller", "result"],
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            "controller_runtime_reconcile_errors_total",
+            "Reconcile passes that failed (retried with backoff).",
+            ["controller"],
+            registry=r,
+        )
+        self.reconcile_seconds = Histogram(
+            "controller_runtime_reconcile_time_seconds",
+            "Duration of one reconcile pass of one environment.",
+            ["controller"],
+            buckets=_FAST,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "workqueue_depth", "Keys waiting in the work queue.", ["name"], registry=r
+        )
+        self.queue_adds = Counter(
+            "workqueue_adds_total", "Keys added to the work queue.", ["name"], registry=r
+        )
+        self.queue_wait_seconds = Histogram(
+            "workqueue_queue_duration_seconds",
+            "How long a key waited in the queue before a worker took it.",
+            ["name"],
+            buckets=_FAST,
+            registry=r,
+        )
+        self.queue_work_seconds = Histogram(
+            "workqueue_work_duration_seconds",
+            "How long a worker spent on one key.",
+            ["name"],
+            buckets=_FAST,
+            registry=r,
+        )
+        self.queue_retries = Counter(
+            "workqueue_retries_total",
+            "Keys re-queued with backoff after an error.",
+            ["name"],
+            registry=r,
+        )
+        self.leader = Gauge(
+            "leader_election_master_status",
+            "1 while this replica is the leader (always 1 without leader election).",
+            ["name"],
+            registry=r,
+        )
+
+        # -- domain ------------------------------------------------------------------
+        self.runners = Gauge(
+            "nrc_runners",
+            "Runners per environment by state: idle (ready, unclaimed), starting, claimed, lost "
+            "(claim ended, kept to tell the client).",
+            ["environment", "state"],
+            registry=r,
+        )
+        self.pool_desired = Gauge(
+            "nrc_pool_desired_runners",
+            "prewarmingPoolSize per environment.",
+            ["environment"],
+            registry=r,
+        )
+        self.environment_degraded = Gauge(
+            "nrc_environment_degraded",
+            "1 while an environment's new runners keep failing to start (creation backs off).",
+            ["environment"],
+            registry=r,
+        )
+        self.claims = Counter(
+            "nrc_claims_total",
+            "Claim attempts by result (claimed; empty: no ready runner; conflict: another "
+            "writer won one runner, the next was tried; error: Nomad failed).",
+            ["result"],
+            registry=r,
+        )
+        self.claim_seconds = Histogram(
+            "nrc_claim_duration_seconds",
+            "Duration of a successful claim, Nomad write included.",
+            buckets=_FAST,
+            registry=r,
+        )
+        self.runner_startup_seconds = Histogram(
+            "nrc_runner_startup_duration_seconds",
+            "From placement to running, for each allocation seen ready for the first time.",
+            buckets=_STARTUP,
+            registry=r,
+        )
+        self.runner_losses = Counter(
+            "nrc_runner_losses_total",
+            "Claimed runners whose file system was reset, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.jobs_created = Counter(
+            "nrc_jobs_created_total", "Runner jobs created.", ["environment"], registry=r
+        )
+        self.jobs_deleted = Counter(
+            "nrc_jobs_deleted_total", "Runner jobs deleted, by reason.", ["reason"], registry=r
+        )
         self.nomad_requests = Counter(
-            "nrc_nomad_requests",
-            "HTTP requests to Nomad by operation and outcome (ok, conflict, error, unavailable).",
-            ["operation", "outcome"],
+            "nrc_nomad_requests_total",
+            "HTTP requests to Nomad by operation and status (`none`: no answer), retries included.",
+            ["operation", "status"],
             registry=r,
         )
         self.nomad_request_seconds = Histogram(
@@ -28,82 +161,87 @@ class Metrics:
             registry=r,
         )
         self.nomad_writes = Counter(
-            "nrc_nomad_writes",
+            "nrc_nomad_writes_total",
             "Writes the reconciler issued, by action and outcome.",
             ["action", "outcome"],
             registry=r,
         )
-        self.reconcile_seconds = Histogram(
-            "nrc_reconcile_duration_seconds",
-            "Duration of one reconcile pass of one environment.",
-            buckets=_FAST,
-            registry=r,
-        )
-        self.reconcile_errors = Counter(
-            "nrc_reconcile_errors", "Reconcile passes that failed and were retried.", registry=r
-        )
         self.observe_seconds = Histogram(
             "nrc_observe_duration_seconds",
-            "Duration of one observation of Nomad (lists and changed job specs).",
+            "Duration of one observation of Nomad (lists plus changed job specs).",
             buckets=_FAST,
             registry=r,
         )
-        self.stale_lists = Counter(
-            "nrc_stale_lists",
-            "Lists discarded because their index was older than one already seen.",
-            registry=r,
-        )
-        self.queue_depth = Gauge("nrc_queue_depth", "Environments waiting for a pass.", registry=r)
-        self.pool_runners = Gauge(
-            "nrc_pool_runners",
-            "Runners per environment by state (idle_ready, idle_starting, claimed, lost).",
-            ["environment", "state"],
-            registry=r,
-        )
-        self.pool_desired = Gauge(
-            "nrc_pool_desired", "prewarmingPoolSize per environment.", ["environment"], registry=r
-        )
-        self.environment_degraded = Gauge(
-            "nrc_environment_degraded",
-            "1 while an environment's new runners keep failing to start.",
-            ["environment"],
-            registry=r,
-        )
-        self.claims = Counter(
-            "nrc_claims",
-            "Claim attempts by outcome (claimed, empty, conflict).",
-            ["outcome"],
-            registry=r,
-        )
-        self.claim_seconds = Histogram(
-            "nrc_claim_duration_seconds",
-            "Duration of a successful claim.",
-            buckets=_FAST,
-            registry=r,
-        )
-        self.runner_losses = Counter(
-            "nrc_runner_losses",
-            "Claimed runners whose file system was reset, by reason.",
-            ["reason"],
-            registry=r,
-        )
-        self.runner_startup_seconds = Histogram(
-            "nrc_runner_startup_seconds",
-            "From placement to running, for runners seen ready for the first time.",
-            buckets=_STARTUP,
-            registry=r,
-        )
-        self.invariant_violations = Counter(
-            "nrc_invariant_violations",
-            "Conditions that must never happen (e.g. a runner claimed twice). Page on any.",
-            ["invariant"],
+        self.events = Counter(
+            "nrc_events_total",
+            "Nomad events received, by topic and type.",
+            ["topic", "type"],
             registry=r,
         )
         self.event_stream_connected = Gauge(
             "nrc_event_stream_connected", "1 while the Nomad event stream is connected.", registry=r
         )
-        self.leader = Gauge("nrc_leader", "1 while this replica is the leader.", registry=r)
+        self.event_stream_reconnects = Counter(
+            "nrc_event_stream_reconnects_total",
+            "Times the event stream connected again after losing its connection.",
+            registry=r,
+        )
+        self.guard_hits = Counter(
+            "nrc_overcreation_guard_total",
+            "Times a lagging view of Nomad would have caused over-creation and a guard stopped it "
+            "(expectation: creations issued but not yet listed; stale_list: a list older than one "
+            "already seen).",
+            ["guard"],
+            registry=r,
+        )
+        self.invariant_violations = Counter(
+            "nrc_invariant_violations_total",
+            "Conditions that must never happen: claimed_twice (a runner we hand out claimed by "
+            "another writer), claimed_in_pool (a runner we hand out seen idle). Page on any.",
+            ["invariant"],
+            registry=r,
+        )
+        self._initialise()
 
-    def record_request(self, operation: str, outcome: str, seconds: float) -> None:
-        self.nomad_requests.labels(operation, outcome).inc()
+    def _initialise(self) -> None:
+        self.reconcile_errors.labels(CONTROLLER)
+        for result in RECONCILE_RESULTS:
+            self.reconcile_total.labels(CONTROLLER, result)
+        self.reconcile_seconds.labels(CONTROLLER)
+        for metric in (self.queue_depth, self.queue_adds, self.queue_retries, self.leader):
+            metric.labels(QUEUE if metric is not self.leader else CONTROLLER)
+        self.queue_wait_seconds.labels(QUEUE)
+        self.queue_work_seconds.labels(QUEUE)
+        for claim_result in CLAIM_RESULTS:
+            self.claims.labels(claim_result)
+        for reason in LossReason:
+            self.runner_losses.labels(reason.value)
+        for delete_reason in DELETE_REASONS:
+            self.jobs_deleted.labels(delete_reason)
+        for invariant in INVARIANTS:
+            self.invariant_violations.labels(invariant)
+        for guard in GUARDS:
+            self.guard_hits.labels(guard)
+        for action in ("create", "delete", "end_claim"):
+            for outcome in ("ok", "error", "conflict", "unavailable"):
+                self.nomad_writes.labels(action, outcome)
+
+    def record_request(self, operation: str, outcome: str, status: str, seconds: float) -> None:
+        """The NomadClient's on_request hook."""
+        self.nomad_requests.labels(operation, status).inc()
         self.nomad_request_seconds.labels(operation).observe(seconds)
+
+    def init_environment(self, env_id: int) -> None:
+        label = str(env_id)
+        for state in RUNNER_STATES:
+            self.runners.labels(label, state)
+        self.pool_desired.labels(label)
+        self.environment_degraded.labels(label)
+        self.jobs_created.labels(label)
+
+    def drop_environment(self, env_id: int) -> None:
+        label = str(env_id)
+        for state in RUNNER_STATES:
+            self.runners.remove(label, state)
+        for gauge in (self.pool_desired, self.environment_degraded):
+            gauge.remove(label)

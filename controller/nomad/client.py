@@ -49,8 +49,9 @@ from controller.nomad.gateway import (
 log = logging.getLogger(__name__)
 
 Outcome: TypeAlias = Literal["ok", "conflict", "error", "unavailable"]
-# (operation, outcome, seconds) after every HTTP request, retries included.
-RequestHook: TypeAlias = Callable[[str, str, float], None]
+# (operation, outcome, HTTP status or "none", seconds) after every HTTP request,
+# retries included.
+RequestHook: TypeAlias = Callable[[str, str, str, float], None]
 # Decides whether an error answer is one the operation handles itself
 # (returning the outcome to report) instead of an error to raise or retry.
 Final: TypeAlias = Callable[[int, str], Outcome | None]
@@ -319,8 +320,10 @@ class NomadClient:
     ) -> _Reply:
         started = time.monotonic()
         outcome: Outcome = "error"
+        status = "none"  # the HTTP status, or "none" when no answer came
         try:
             response = send()
+            status = str(response.status_code)
             try:
                 body = response.json() if response.content else None
             except ValueError:
@@ -336,28 +339,29 @@ class NomadClient:
                 # timeouts, TLS errors) in the same exception class as statuses.
                 outcome = "unavailable"
                 raise NomadUnavailable(f"{operation}: {cause}") from exc
-            status, text = cause.status_code, cause.text
-            handled = final(status, text) if final is not None else None
+            code, text = cause.status_code, cause.text
+            status = str(code)
+            handled = final(code, text) if final is not None else None
             if handled is not None:
                 outcome = handled
-                return _Reply(status, None, text, _header_index(cause))
-            if status == 500 and text.startswith(ENFORCE_INDEX_CONFLICT):
+                return _Reply(code, None, text, _header_index(cause))
+            if code == 500 and text.startswith(ENFORCE_INDEX_CONFLICT):
                 outcome = "conflict"
                 raise IndexConflict(text) from None
-            raise NomadAPIError(status, text) from None
+            raise NomadAPIError(code, text) from None
         except (requests.RequestException, OSError) as exc:
             # python-nomad lets OSError through: requests raises it when a TLS
             # file it was given has gone missing since the client was built.
             outcome = "unavailable"
             raise NomadUnavailable(f"{operation}: {exc}") from exc
         finally:
-            self._report(operation, outcome, time.monotonic() - started)
+            self._report(operation, outcome, status, time.monotonic() - started)
 
-    def _report(self, operation: str, outcome: Outcome, seconds: float) -> None:
+    def _report(self, operation: str, outcome: Outcome, status: str, seconds: float) -> None:
         if self._on_request is None:
             return
         try:
-            self._on_request(operation, outcome, seconds)
+            self._on_request(operation, outcome, status, seconds)
         except Exception:
             # A metrics hook must never turn a good answer into a failure.
             log.exception("on_request hook failed for %s", operation)

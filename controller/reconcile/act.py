@@ -110,6 +110,7 @@ class Actor:
             return False
         self._expectations.created(job_id, result.index)
         self._record("create", "ok")
+        self._metrics.jobs_created.labels(str(env_id)).inc()
         return True
 
     def _delete(self, env_id: int, action: DeleteRunner) -> bool:
@@ -141,7 +142,13 @@ class Actor:
             self._observer.forget(runner_id)
             self._claims.forget(runner_id)
             self._record("delete", "ok")
-            log.info("deleted runner %s (%s)", runner_id, action.reason)
+            self._metrics.jobs_deleted.labels(action.reason.value).inc()
+            log.info(
+                "deleted runner %s (%s)",
+                runner_id,
+                action.reason,
+                extra={"runner_id": runner_id, "environment_id": env_id},
+            )
             return True
         finally:
             self._guard.end_delete(runner_id)
@@ -166,5 +173,11 @@ class Actor:
         self._observer.apply_spec(action.runner_id, new)
         self._record("end_claim", "ok")
         self._metrics.runner_losses.labels(action.reason.value).inc()
-        log.info("claimed runner %s lost: %s", action.runner_id, action.reason)
+        # One line per loss, a warning: the client is told, nothing to fix here.
+        log.warning(
+            "claimed runner %s lost: %s",
+            action.runner_id,
+            action.reason,
+            extra={"runner_id": action.runner_id, "reason": action.reason.value},
+        )
         return True

@@ -20,7 +20,7 @@ from controller.clock import Clock
 from controller.metrics import Metrics
 from controller.model import SECOND, Claim, Phase, RunnerView
 from controller.nomad import jobs
-from controller.nomad.gateway import IndexConflict, NomadGateway
+from controller.nomad.gateway import IndexConflict, NomadAPIError, NomadGateway, NomadUnavailable
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.observe import Observer
 
@@ -93,6 +93,9 @@ class Claims:
         self._on_change = on_change
         self._lock = threading.Lock()
         self._activity: dict[str, int] = {}
+        # Claims this process handed out (runner id → claimed_at), to check that
+        # Nomad never shows them taken over by another writer or idle again.
+        self._handed: dict[str, int] = {}
         # Timers are not in Nomad: after a restart they count from our start,
         # so a claim is never released earlier than its client could expect.
         self._started_ns = clock.now_ns()
@@ -127,6 +130,11 @@ class Claims:
             if view is not None:
                 self._metrics.claims.labels("claimed").inc()
                 self._metrics.claim_seconds.observe(self._clock.monotonic() - started)
+                log.info(
+                    "claimed runner %s",
+                    view.id,
+                    extra={"runner_id": view.id, "environment_id": env_id},
+                )
                 self._on_change(env_id)
                 return view
         self._metrics.claims.labels("empty").inc()
@@ -153,6 +161,9 @@ class Claims:
             result = self._gateway.register_job(
                 new, enforce_index=int(spec.get("JobModifyIndex") or 0)
             )
+        except (NomadUnavailable, NomadAPIError):
+            self._metrics.claims.labels("error").inc()
+            raise
         except IndexConflict:
             # Somebody else changed it first (another claimer, a replica): next one.
             self._metrics.claims.labels("conflict").inc()
@@ -164,9 +175,11 @@ class Claims:
             self._activity[runner_id] = now
         view = self._observer.snapshot.runners.get(runner_id)
         if view is None or view.job.claim != claim:
-            self._metrics.invariant_violations.labels("claim_not_visible").inc()
+            # Deleted under us after the write (it cannot be: the guard is held).
             log.error("claim of %s written but not visible in the snapshot", runner_id)
             return None
+        with self._lock:
+            self._handed[runner_id] = claim.claimed_at
         return view
 
     def lookup(self, runner_id: str) -> RunnerView | None:
@@ -210,11 +223,44 @@ class Claims:
             raise
         self._expectations.deleted(runner_id, result.index)
         self._observer.forget(runner_id)
-        with self._lock:
-            self._activity.pop(runner_id, None)
+        self.forget(runner_id)
+        self._metrics.jobs_deleted.labels("released").inc()
+        log.info("released runner %s", runner_id, extra={"runner_id": runner_id})
         self._on_change(view.env_id)
         return True
 
     def forget(self, runner_id: str) -> None:
         with self._lock:
             self._activity.pop(runner_id, None)
+            self._handed.pop(runner_id, None)
+
+    def check(self, views: Iterable[RunnerView]) -> dict[str, int]:
+        """Invariant violations among the runners this process handed out:
+        claimed by another writer since, or seen idle. A runner that vanished
+        (deleted, released elsewhere) is simply forgotten."""
+        found = {"claimed_twice": 0, "claimed_in_pool": 0}
+        seen: set[str] = set()
+        with self._lock:
+            for view in views:
+                claimed_at = self._handed.get(view.id)
+                if claimed_at is None or not view.known:
+                    continue
+                seen.add(view.id)
+                claim = view.job.claim
+                if claim is None:
+                    found["claimed_in_pool"] += 1
+                    log.error("runner %s that we handed out is idle again", view.id)
+                    del self._handed[view.id]
+                elif claim.claimed_at != claimed_at:
+                    found["claimed_twice"] += 1
+                    log.error("runner %s that we handed out was claimed again", view.id)
+                    del self._handed[view.id]
+        return found
+
+    def prune(self, present: set[str] | frozenset[str]) -> None:
+        """Forget runners no longer in Nomad."""
+        with self._lock:
+            for runner_id in [r for r in self._handed if r not in present]:
+                del self._handed[runner_id]
+            for runner_id in [r for r in self._activity if r not in present]:
+                del self._activity[runner_id]

@@ -11,6 +11,7 @@ lost ones.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import threading
@@ -19,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controller.clock import Clock, SystemClock
-from controller.metrics import Metrics
+from controller.logs import log_context
+from controller.metrics import CONTROLLER, QUEUE, Metrics
 from controller.model import SECOND, Environment, Phase, RunnerView
 from controller.nomad import jobs
 from controller.nomad.gateway import NomadGateway
@@ -94,7 +96,7 @@ class Controller:
             self.clock,
             self.metrics,
             self.ready,
-            self.queue.add,
+            self.enqueue,
         )
         burst = max(1, int(s.write_rate_per_s)) if s.write_rate_per_s > 0 else 1
         self.actor = Actor(
@@ -109,6 +111,7 @@ class Controller:
             s.write_concurrency,
             self.is_leader,
         )
+        self._pass_ids = itertools.count(1)
         self._stream_factory = stream_factory
         self._stream: EventSource | None = None
         self._stop = threading.Event()
@@ -123,7 +126,10 @@ class Controller:
         # When this replica last became leader; a snapshot older than that may
         # predate the previous leader's last writes, so we do not serve from it.
         self._leader_since = 0.0 if self.elector is None else float("inf")
+        self._added_at: dict[int, float] = {}  # when a waiting key was first added
+        self._stream_was_connected = False
         self.passes = 0
+        self.metrics.leader.labels(CONTROLLER).set(1 if self.elector is None else 0)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -163,24 +169,32 @@ class Controller:
         )
 
     def _on_leader_change(self, leader: bool) -> None:
-        self.metrics.leader.set(1 if leader else 0)
+        self.metrics.leader.labels(CONTROLLER).set(1 if leader else 0)
         self._leader_since = self.clock.monotonic() if leader else float("inf")
         if leader:
             self._resync_now.set()
 
     # -- triggers -------------------------------------------------------------------
 
+    def enqueue(self, env_id: int) -> None:
+        """Ask for a pass over one environment (deduplicated by the queue)."""
+        with self._lock:
+            self._added_at.setdefault(env_id, self.clock.monotonic())
+        self.metrics.queue_adds.labels(QUEUE).inc()
+        self.queue.add(env_id)
+
     def _resync(self) -> None:
         interval = self.settings.resync_interval_s
         while not self._stop.is_set():
             try:
                 snap = self.observer.refresh()
+                self.claims.prune(frozenset(snap.runners))
                 if self._stream is None and self._stream_factory is not None:
                     start = max(snap.jobs_index, snap.allocs_index) + 1
                     self._stream = self._stream_factory(self._on_events, self._on_stream, start)
                     self._stream.start()
                 for env_id in snap.env_ids() | set(self._gauged):
-                    self.queue.add(env_id)
+                    self.enqueue(env_id)
             except Exception as exc:
                 log.warning("resync failed: %s", exc)
             # Jitter keeps replicas and restarts from listing in lockstep.
@@ -190,6 +204,9 @@ class Controller:
 
     def _on_stream(self, connected: bool) -> None:
         self.metrics.event_stream_connected.set(1 if connected else 0)
+        if connected and self._stream_was_connected:
+            self.metrics.event_stream_reconnects.inc()
+        self._stream_was_connected |= connected
         if connected:
             # Whatever happened while disconnected is seen by a full look.
             self._resync_now.set()
@@ -199,6 +216,7 @@ class Controller:
         wanted: set[int] = set()
         for event in events:
             topic = event.get("Topic")
+            self.metrics.events.labels(str(topic), str(event.get("Type"))).inc()
             if topic == "Node":
                 wanted |= self.observer.snapshot.env_ids()
                 continue
@@ -212,27 +230,36 @@ class Controller:
             if env_id is not None:
                 wanted.add(env_id)
         for env_id in wanted:
-            self.queue.add(env_id)
+            self.enqueue(env_id)
 
     # -- the pass ---------------------------------------------------------------------
 
     def _work(self) -> None:
         while not self._stop.is_set():
             env_id = self.queue.get(timeout_s=0.5)
-            self.metrics.queue_depth.set(self.queue.depth)
+            self.metrics.queue_depth.labels(QUEUE).set(self.queue.depth)
             if env_id is None:
                 continue
-            try:
-                if self.reconcile(env_id):
+            started = self.clock.monotonic()
+            with self._lock:
+                added = self._added_at.pop(env_id, started)
+            self.metrics.queue_wait_seconds.labels(QUEUE).observe(started - added)
+            with log_context(environment_id=env_id, reconcile_id=next(self._pass_ids)):
+                try:
+                    ok = self.reconcile(env_id)
+                except Exception:
+                    ok = False
+                    self.metrics.reconcile_errors.labels(CONTROLLER).inc()
+                    log.warning("pass failed; retrying with backoff", exc_info=True)
+                if ok:
                     self.queue.forget(env_id)
+                    self.metrics.reconcile_total.labels(CONTROLLER, "success").inc()
                 else:
+                    self.metrics.reconcile_total.labels(CONTROLLER, "error").inc()
+                    self.metrics.queue_retries.labels(QUEUE).inc()
                     self.queue.add_rate_limited(env_id)
-            except Exception:
-                self.metrics.reconcile_errors.inc()
-                log.warning("pass for environment %s failed; retrying", env_id, exc_info=True)
-                self.queue.add_rate_limited(env_id)
-            finally:
                 self.queue.done(env_id)
+            self.metrics.queue_work_seconds.labels(QUEUE).observe(self.clock.monotonic() - started)
 
     def reconcile(self, env_id: int) -> bool:
         """One pass for one environment. False when some write failed."""
@@ -269,11 +296,18 @@ class Controller:
         with self._lock:
             self._budgets[env_id] = result.budget
         self._record(env_id, snap, views, result.counts, template is not None, result.degraded)
+        if template is not None and pending.creating:
+            pool = result.counts.idle_ready + result.counts.idle_starting
+            held_back = min(pending.creating, template.env.prewarming_pool_size - pool)
+            if held_back > 0:
+                # Without the expectation this pass would have created these again.
+                self.metrics.guard_hits.labels("expectation").inc(held_back)
         failed = self.actor.execute(env_id, result.actions, template) if result.actions else 0
         if result.wake_at is not None:
             self.queue.add_after(env_id, max(0.0, (result.wake_at - now) / SECOND))
+            self.metrics.reconcile_total.labels(CONTROLLER, "requeue_after").inc()
         self.passes += 1
-        self.metrics.reconcile_seconds.observe(self.clock.monotonic() - started)
+        self.metrics.reconcile_seconds.labels(CONTROLLER).observe(self.clock.monotonic() - started)
         return failed == 0
 
     def _record(
@@ -285,21 +319,23 @@ class Controller:
         exists: bool,
         degraded: bool,
     ) -> None:
-        label = str(env_id)
         m = self.metrics
+        for invariant, n in self.claims.check(views).items():
+            if n:
+                m.invariant_violations.labels(invariant).inc(n)
         if not exists and not views:
             if env_id in self._gauged:
                 self._gauged.discard(env_id)
-                for state in ("idle_ready", "idle_starting", "claimed", "lost"):
-                    m.pool_runners.remove(label, state)
-                m.pool_desired.remove(label)
-                m.environment_degraded.remove(label)
+                m.drop_environment(env_id)
             return
-        self._gauged.add(env_id)
-        m.pool_runners.labels(label, "idle_ready").set(counts.idle_ready)
-        m.pool_runners.labels(label, "idle_starting").set(counts.idle_starting)
-        m.pool_runners.labels(label, "claimed").set(counts.claimed)
-        m.pool_runners.labels(label, "lost").set(counts.lost)
+        if env_id not in self._gauged:
+            self._gauged.add(env_id)
+            m.init_environment(env_id)
+        label = str(env_id)
+        m.runners.labels(label, "idle").set(counts.idle_ready)
+        m.runners.labels(label, "starting").set(counts.idle_starting)
+        m.runners.labels(label, "claimed").set(counts.claimed)
+        m.runners.labels(label, "lost").set(counts.lost)
         template = snap.templates.get(env_id)
         m.pool_desired.labels(label).set(template.env.prewarming_pool_size if template else 0)
         m.environment_degraded.labels(label).set(1 if degraded else 0)
@@ -366,7 +402,7 @@ class Controller:
         result = self.gateway.register_job(spec)
         spec["JobModifyIndex"] = result.job_modify_index
         self.observer.apply_spec(spec["ID"], spec)
-        self.queue.add(env.id)
+        self.enqueue(env.id)
         return created
 
     def delete_environment(self, env_id: int) -> bool:
@@ -380,5 +416,5 @@ class Controller:
         with self._lock:
             # Deleted on purpose: no grace period for its idle runners.
             self._orphan_since[env_id] = self.clock.now_ns() - self.settings.plan.orphan_grace_ns
-        self.queue.add(env_id)
+        self.enqueue(env_id)
         return True

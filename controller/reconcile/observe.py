@@ -192,7 +192,7 @@ class Observer:
             job_list.index < prev.jobs_index or alloc_list.index < prev.allocs_index
         ):
             # A follower answered from behind what we have already seen.
-            self._metrics.stale_lists.inc()
+            self._metrics.guard_hits.labels("stale_list").inc()
             log.debug(
                 "discarding stale lists (jobs %d < %d or allocations %d < %d)",
                 job_list.index,

@@ -40,6 +40,12 @@ def registered(sim: SimServer) -> int:
     return int(Http(sim.address).get("/_sim/stats")["JobsRegisteredTotal"])
 
 
+def one_more_pass(c: Controller, env_id: int) -> None:
+    passes = c.passes
+    c.enqueue(env_id)
+    wait_until(lambda: c.passes > passes, timeout=10)
+
+
 def converged(c: Controller, sim: SimServer, env: Environment = ENV, claimed: int = 0) -> bool:
     """The pool is full of ready idle runners and Nomad holds nothing else."""
     return (
@@ -68,10 +74,12 @@ def test_stale_reads_never_over_create(make_sim: MakeSim, make_controller: MakeC
     wait_until(lambda: converged(c, sim, env), timeout=20)
     # a few more passes over lagging lists must not create anything either
     for _ in range(5):
-        passes = c.passes
-        c.queue.add(env.id)
-        wait_until(lambda: c.passes > passes, timeout=10)
+        one_more_pass(c, env.id)
     assert registered(sim) == 1 + 50
+    guards = c.metrics.guard_hits
+    assert guards.labels("stale_list")._value.get() + guards.labels("expectation")._value.get() > 0
+    for invariant in ("claimed_twice", "claimed_in_pool"):
+        assert c.metrics.invariant_violations.labels(invariant)._value.get() == 0
 
 
 def test_claim_and_release(sim: SimServer, make_controller: MakeController) -> None:
@@ -123,6 +131,11 @@ def test_fifty_concurrent_claims_on_a_pool_of_twenty(
     # Nomad agrees: each of the 20 is claimed once, with one claim.
     for runner_id in won:
         assert http.get(f"/v1/job/{runner_id}")["TaskGroups"][1]["Meta"]["used"] == "true"
+    assert c.metrics.claims.labels("claimed")._value.get() == 20
+    assert c.metrics.claims.labels("empty")._value.get() == 30
+    one_more_pass(c, env.id)  # it checks the invariants over the claims
+    assert c.metrics.invariant_violations.labels("claimed_twice")._value.get() == 0
+    assert c.metrics.invariant_violations.labels("claimed_in_pool")._value.get() == 0
 
 
 def test_unknown_environment_and_not_leader(

@@ -30,13 +30,16 @@ from tests.helpers import Http, runner_job, wait_until
 
 
 class Recorder:
-    """The on_request hook: remembers (operation, outcome) of every HTTP request."""
+    """The on_request hook: remembers (operation, outcome) and (operation, status)
+    of every HTTP request."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
+        self.statuses: list[tuple[str, str]] = []
         self.after: Callable[[str, str], None] | None = None
 
-    def __call__(self, operation: str, outcome: str, seconds: float) -> None:
+    def __call__(self, operation: str, outcome: str, status: str, seconds: float) -> None:
+        self.statuses.append((operation, status))
         assert seconds >= 0
         self.calls.append((operation, outcome))
         if self.after is not None:
@@ -149,6 +152,8 @@ def test_enforce_index_conflicts_are_raised_at_once(shared: SimServer, ns: str) 
 
     # Each conflict was one request, never retried.
     assert recorder.outcomes("register_job") == ["ok", "conflict", "ok", "conflict", "conflict"]
+    statuses = [st for op, st in recorder.statuses if op == "register_job"]
+    assert statuses == ["200", "500", "200", "500", "500"]
     job = client.get_job("1-a")
     assert job is not None and job["TaskGroups"][1]["Meta"]["used"] == "true"
 
@@ -159,6 +164,7 @@ def test_invalid_job_is_an_api_error(shared: SimServer, ns: str) -> None:
         client.register_job({"Type": "batch"})  # no ID
     assert info.value.status == 400
     assert recorder.outcomes("register_job") == ["error"]
+    assert recorder.statuses == [("register_job", "400")]
 
 
 # -- retries and failures -----------------------------------------------------------
@@ -212,6 +218,7 @@ def test_unreachable_nomad_is_unavailable_after_the_attempts() -> None:
     with pytest.raises(NomadUnavailable):
         client.list_allocations()
     assert recorder.outcomes("list_allocations") == ["unavailable"] * 3
+    assert recorder.statuses == [("list_allocations", "none")] * 3
 
 
 def test_a_slow_answer_times_out(sim: SimServer) -> None:
