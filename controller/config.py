@@ -1,0 +1,808 @@
+"""The controller's configuration: every knob is an environment variable.
+
+The Nomad connection is read from the variables Nomad's own CLI uses
+(`NOMAD_ADDR`, `NOMAD_TOKEN`, `NOMAD_NAMESPACE`, ...), so a shell already set
+up for `nomad` works unchanged; everything else is `NRC_*`. `load_settings`
+turns an environment into a validated, immutable `Settings` or raises
+`ConfigError` with one plain line per problem (the variable, what it accepts,
+what it got), which is what an operator reading a crash-looping container's
+log needs. `describe` and `render_table` show the effective configuration
+(or, as Markdown, the documentation table); secrets are never shown.
+
+Durations accept plain seconds (`30`, `0.5`) or Go durations (`30s`, `5m`,
+`1h30m`, `250ms`), the form Nomad's own configuration uses.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Annotated, Any, Literal, TextIO
+from urllib.parse import urlsplit
+
+from pydantic import (
+    BeforeValidator,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from controller.model import SECOND
+from controller.reconcile.loop import ControllerSettings
+from controller.reconcile.plan import PlanSettings
+
+__all__ = [
+    "ConfigError",
+    "SettingRow",
+    "Settings",
+    "describe",
+    "format_duration",
+    "load_settings",
+    "parse_duration",
+    "render_table",
+    "variables",
+]
+
+# Variables with this prefix are ours: one we do not know is a typo.
+PREFIX = "NRC_"
+ENVIRONMENT = "environment"
+DEFAULT = "default"
+UNSET = "(unset)"
+SET = "(set)"
+
+
+class ConfigError(Exception):
+    """The environment does not describe a usable configuration.
+
+    `str()` is one line per problem, each naming the variable, so it can be
+    printed as it is; `problems` holds the same lines."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("\n".join(self.problems))
+
+
+# --- value parsers -------------------------------------------------------------
+#
+# Our own parsers instead of pydantic's lax ones: pydantic takes "4.0" and
+# "1_000" as integers and "1e3" or "inf" as numbers, none of which an operator
+# means in an environment variable, and the allowed forms must match what the
+# error messages promise.
+
+_INTEGER = re.compile(r"[+-]?\d+")
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)")
+# Go's time.ParseDuration: an optional sign, then one or more number+unit
+# pairs. Longer units first, so that "5ms" is not read as "5m" followed by "s".
+_GO_DURATION = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:ns|us|µs|μs|ms|h|m|s))+")
+_GO_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|h|m|s)")
+_UNIT_SECONDS = {
+    "ns": Decimal("1e-9"),
+    "us": Decimal("1e-6"),
+    "µs": Decimal("1e-6"),  # U+00B5 MICRO SIGN
+    "μs": Decimal("1e-6"),  # U+03BC GREEK SMALL LETTER MU; Go accepts both
+    "ms": Decimal("1e-3"),
+    "s": Decimal(1),
+    "m": Decimal(60),
+    "h": Decimal(3600),
+}
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no"})
+
+
+def parse_duration(value: str | float) -> float:
+    """Seconds from plain seconds (`30`, `0.5`) or a Go duration (`1h30m`, `250ms`).
+
+    Raises ValueError for anything else, including NaN and infinity."""
+    if isinstance(value, bool):  # bool is an int; True seconds is a mistake
+        raise ValueError("not a duration")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = value.strip()
+        if _NUMBER.fullmatch(text):
+            seconds = float(Decimal(text))
+        elif _GO_DURATION.fullmatch(text):
+            # Decimal so that "0.1s" + "0.2s" is exactly what was written.
+            total = sum(
+                (Decimal(n) * _UNIT_SECONDS[u] for n, u in _GO_PART.findall(text)),
+                Decimal(0),
+            )
+            seconds = float(-total if text.startswith("-") else total)
+        else:
+            raise ValueError("not a duration")
+    if not math.isfinite(seconds):
+        raise ValueError("not a duration")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest Go duration for `seconds`: `30s`, `5m`, `1h30m`, `250ms`.
+
+    Unlike Go's `Duration.String()` (`1h0m0s`), zero parts are left out; the
+    result parses back with `parse_duration` and with Go."""
+    ns = round(seconds * SECOND)
+    if ns == 0:
+        return "0s"
+    sign, ns = ("-" if ns < 0 else ""), abs(ns)
+    if ns < 1_000:
+        return f"{sign}{ns}ns"
+    if ns < 1_000_000:
+        return f"{sign}{_decimal(ns, 1_000)}us"
+    if ns < SECOND:
+        return f"{sign}{_decimal(ns, 1_000_000)}ms"
+    hours, ns = divmod(ns, 3600 * SECOND)
+    minutes, ns = divmod(ns, 60 * SECOND)
+    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else ""]
+    if ns:
+        parts.append(f"{_decimal(ns, SECOND)}s")
+    return sign + "".join(parts)
+
+
+def _decimal(n: int, unit: int) -> str:
+    """n/unit written exactly, without trailing zeros (unit is a power of ten)."""
+    whole, frac = divmod(n, unit)
+    digits = str(frac).zfill(len(str(unit)) - 1).rstrip("0")
+    return f"{whole}.{digits}" if digits else str(whole)
+
+
+def _duration(value: Any) -> Any:
+    if isinstance(value, str | int | float):
+        return parse_duration(value)
+    return value  # pydantic rejects it with the field's message
+
+
+def _integer(value: Any) -> Any:
+    if isinstance(value, str):
+        text = value.strip()
+        if not _INTEGER.fullmatch(text):
+            raise ValueError("not an integer")
+        return int(text)
+    if isinstance(value, bool):
+        raise ValueError("not an integer")
+    return value
+
+
+def _number(value: Any) -> Any:
+    if isinstance(value, str):
+        text = value.strip()
+        if not _NUMBER.fullmatch(text):
+            raise ValueError("not a number")
+        return float(Decimal(text))
+    if isinstance(value, bool):
+        raise ValueError("not a number")
+    return value
+
+
+def _boolean(value: Any) -> Any:
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise ValueError("not a boolean")
+    return value
+
+
+def _upper(value: Any) -> Any:
+    return value.strip().upper() if isinstance(value, str) else value
+
+
+def _lower(value: Any) -> Any:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+Duration = Annotated[float, BeforeValidator(_duration)]
+Integer = Annotated[int, BeforeValidator(_integer)]
+Number = Annotated[float, BeforeValidator(_number)]
+Boolean = Annotated[bool, BeforeValidator(_boolean)]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+LogFormat = Literal["json", "text", "auto"]
+
+# Nomad's own rules (nomad/structs): namespace names and variable paths.
+_NAMESPACE = re.compile(r"[a-zA-Z0-9-]{1,128}")
+_VARIABLE_PATH = re.compile(r"[a-zA-Z0-9\-_~/]{1,128}")
+_NO_SPACE = re.compile(r"[^\s\x00-\x1f\x7f]+")
+
+_BOOLEAN = "true or false (also 1/0, yes/no)"
+_DURATION_FORMS = "as seconds (30, 0.5) or a Go duration (30s, 5m, 1h30m, 250ms)"
+_FILE = "the path of an existing, readable file"
+_TOKEN = "a token without whitespace or control characters"
+
+
+def _allowed(text: str, *, duration: bool = False, secret: bool = False) -> dict[str, Any]:
+    """Field metadata: what the variable accepts (said in every error about
+    it), whether it is a duration (shown as one) or a secret (never shown)."""
+    return {"allowed": text, "duration": duration, "secret": secret}
+
+
+class Settings(BaseSettings):
+    """Every setting of the controller, read from environment variables.
+
+    Build it with `load_settings`, which also catches misspelt `NRC_*`
+    variables and turns validation errors into one line per variable."""
+
+    model_config = SettingsConfigDict(
+        case_sensitive=True,  # NOMAD_ADDR, not nomad_addr: as Nomad's CLI reads them
+        env_ignore_empty=True,  # `NRC_API_PORT= cmd` means unset, as for Nomad's CLI
+        extra="ignore",
+        frozen=True,
+        # A ValidationError printed by someone else must not show a token.
+        hide_input_in_errors=True,
+    )
+
+    # --- Nomad connection: the variables Nomad's CLI reads ---
+    nomad_addr: str = Field(
+        default="http://127.0.0.1:4646",
+        alias="NOMAD_ADDR",
+        description="Address of the Nomad HTTP API.",
+        json_schema_extra=_allowed("an http:// or https:// URL such as http://127.0.0.1:4646"),
+    )
+    nomad_token: SecretStr | None = Field(
+        default=None,
+        alias="NOMAD_TOKEN",
+        description="Nomad ACL token (secret); unset when Nomad runs without ACLs.",
+        json_schema_extra=_allowed(_TOKEN, secret=True),
+    )
+    nomad_namespace: str = Field(
+        default="default",
+        alias="NOMAD_NAMESPACE",
+        description="Nomad namespace holding the template and runner jobs.",
+        json_schema_extra=_allowed("a Nomad namespace name: 1 to 128 letters, digits and '-'"),
+    )
+    nomad_region: str | None = Field(
+        default=None,
+        alias="NOMAD_REGION",
+        description="Nomad region to send requests to; unset uses the agent's own region.",
+        json_schema_extra=_allowed("a region name without whitespace"),
+    )
+    nomad_cacert: str | None = Field(
+        default=None,
+        alias="NOMAD_CACERT",
+        description="PEM file of the CA that signed Nomad's TLS certificate.",
+        json_schema_extra=_allowed(_FILE),
+    )
+    nomad_client_cert: str | None = Field(
+        default=None,
+        alias="NOMAD_CLIENT_CERT",
+        description="PEM client certificate for mutual TLS (with NOMAD_CLIENT_KEY).",
+        json_schema_extra=_allowed(_FILE),
+    )
+    nomad_client_key: str | None = Field(
+        default=None,
+        alias="NOMAD_CLIENT_KEY",
+        description="PEM private key of NOMAD_CLIENT_CERT.",
+        json_schema_extra=_allowed(_FILE),
+    )
+    nomad_skip_verify: Boolean = Field(
+        default=False,
+        alias="NOMAD_SKIP_VERIFY",
+        description="Skip verifying Nomad's TLS certificate (testing only).",
+        json_schema_extra=_allowed(_BOOLEAN),
+    )
+
+    # --- the HTTP API ---
+    api_host: str = Field(
+        default="127.0.0.1",
+        alias="NRC_API_HOST",
+        description="Address the HTTP API listens on.",
+        json_schema_extra=_allowed("a host name or IP address without whitespace"),
+    )
+    api_port: Integer = Field(
+        default=7200,
+        alias="NRC_API_PORT",
+        ge=1,
+        le=65535,
+        description="Port the HTTP API listens on (1–65535).",
+        json_schema_extra=_allowed("an integer between 1 and 65535"),
+    )
+    api_token: SecretStr | None = Field(
+        default=None,
+        alias="NRC_API_TOKEN",
+        description="Bearer token API clients must send (secret); unset disables authentication.",
+        json_schema_extra=_allowed(_TOKEN, secret=True),
+    )
+
+    # --- the reconcile loop ---
+    resync_interval_s: Duration = Field(
+        default=30.0,
+        alias="NRC_RESYNC_INTERVAL",
+        gt=0,
+        description="How often every environment is re-listed and reconciled without an event.",
+        json_schema_extra=_allowed(f"a duration above 0, {_DURATION_FORMS}", duration=True),
+    )
+    orphan_grace_s: Duration = Field(
+        default=60.0,
+        alias="NRC_ORPHAN_GRACE",
+        ge=0,
+        description="How long runners whose template job is gone are kept before deletion.",
+        json_schema_extra=_allowed(f"a duration of at least 0, {_DURATION_FORMS}", duration=True),
+    )
+    startup_timeout_s: Duration = Field(
+        default=300.0,
+        alias="NRC_STARTUP_TIMEOUT",
+        gt=0,
+        description="How long an idle runner may take to start before it is replaced.",
+        json_schema_extra=_allowed(f"a duration above 0, {_DURATION_FORMS}", duration=True),
+    )
+    lost_runner_retention_s: Duration = Field(
+        default=3600.0,
+        alias="NRC_LOST_RUNNER_RETENTION",
+        ge=0,
+        description="How long a claimed runner whose file system was reset is kept "
+        "so that its client can be told.",
+        json_schema_extra=_allowed(f"a duration of at least 0, {_DURATION_FORMS}", duration=True),
+    )
+    nomad_write_rate_per_s: Number = Field(
+        default=50.0,
+        alias="NRC_NOMAD_WRITE_RATE",
+        ge=0,
+        allow_inf_nan=False,
+        description="Writes per second sent to Nomad at most; 0 means unlimited.",
+        json_schema_extra=_allowed("a number of writes per second, at least 0 (0 = unlimited)"),
+    )
+    nomad_write_concurrency: Integer = Field(
+        default=8,
+        alias="NRC_NOMAD_WRITE_CONCURRENCY",
+        ge=1,
+        le=256,
+        description="Writes to Nomad in flight at once (1–256).",
+        json_schema_extra=_allowed("an integer between 1 and 256"),
+    )
+    nomad_timeout_s: Duration = Field(
+        default=10.0,
+        alias="NRC_NOMAD_TIMEOUT",
+        gt=0,
+        description="Timeout of one request to Nomad.",
+        json_schema_extra=_allowed(f"a duration above 0, {_DURATION_FORMS}", duration=True),
+    )
+    workers: Integer = Field(
+        default=4,
+        alias="NRC_WORKERS",
+        ge=1,
+        le=64,
+        description="Environments reconciled in parallel (1–64).",
+        json_schema_extra=_allowed("an integer between 1 and 64"),
+    )
+    max_backoff_s: Duration = Field(
+        default=30.0,
+        alias="NRC_MAX_BACKOFF",
+        gt=0,
+        description="Longest wait before retrying an environment whose reconcile failed.",
+        json_schema_extra=_allowed(f"a duration above 0, {_DURATION_FORMS}", duration=True),
+    )
+    event_stream: Boolean = Field(
+        default=True,
+        alias="NRC_EVENT_STREAM",
+        description="Subscribe to Nomad's event stream; false reconciles on resyncs only.",
+        json_schema_extra=_allowed(_BOOLEAN),
+    )
+    pool_alert_threshold: Number = Field(
+        default=0.5,
+        alias="NRC_POOL_ALERT_THRESHOLD",
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="/health reports PREWARMING_POOL_DEPLETING when an environment's "
+        "idle runners fall below this fraction of its pool size (0–1).",
+        json_schema_extra=_allowed("a number between 0 and 1"),
+    )
+    max_pool_size: Integer = Field(
+        default=10000,
+        alias="NRC_MAX_POOL_SIZE",
+        ge=0,
+        description="Largest prewarmingPoolSize the API accepts for an environment.",
+        json_schema_extra=_allowed("an integer, at least 0"),
+    )
+    failure_budget: Integer = Field(
+        default=3,
+        alias="NRC_FAILURE_BUDGET",
+        ge=1,
+        description="Consecutive runner start failures before an environment is degraded.",
+        json_schema_extra=_allowed("an integer, at least 1"),
+    )
+
+    # --- leader election ---
+    leader_election: Boolean = Field(
+        default=False,
+        alias="NRC_LEADER_ELECTION",
+        description="Elect one active replica through a Nomad variable lock.",
+        json_schema_extra=_allowed(_BOOLEAN),
+    )
+    leader_lock_path: str = Field(
+        default="nomad-runner-controller/leader",
+        alias="NRC_LEADER_LOCK_PATH",
+        description="Path of the Nomad variable whose lock elects the leader.",
+        json_schema_extra=_allowed(
+            "a Nomad variable path: up to 128 letters, digits, '-', '_', '~' and '/', "
+            "without a leading, trailing or doubled '/', and under nomad/ only "
+            "in nomad/jobs/"
+        ),
+    )
+    leader_ttl_s: Duration = Field(
+        default=15.0,
+        alias="NRC_LEADER_TTL",
+        ge=10,
+        le=24 * 3600,
+        description="Lease of the leader lock; another replica takes over within about "
+        "twice this after the leader dies.",
+        # Nomad refuses lock TTLs outside 10 s … 24 h.
+        json_schema_extra=_allowed(
+            f"a duration between 10s and 24h, {_DURATION_FORMS}", duration=True
+        ),
+    )
+
+    # --- logging ---
+    log_level: Annotated[LogLevel, BeforeValidator(_upper)] = Field(
+        default="INFO",
+        alias="NRC_LOG_LEVEL",
+        description="Least severe log level written: DEBUG, INFO, WARNING or ERROR.",
+        json_schema_extra=_allowed("one of DEBUG, INFO, WARNING, ERROR (any case)"),
+    )
+    log_format: Annotated[LogFormat, BeforeValidator(_lower)] = Field(
+        default="auto",
+        alias="NRC_LOG_FORMAT",
+        description="Log line format: json, text, or auto (text on a terminal, json otherwise).",
+        json_schema_extra=_allowed("one of json, text, auto"),
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Only the environment: no .env file or secrets directory that could
+        # change the configuration without showing up in `env`.
+        environ = _ENVIRON.get()
+        if environ is not None:
+            env_settings = _MappingSource(settings_cls, environ)
+        return init_settings, env_settings
+
+    # --- validators ---
+
+    @field_validator("nomad_addr")
+    @classmethod
+    def _check_addr(cls, value: str) -> str:
+        parts = urlsplit(value.strip())
+        # Reading .port raises ValueError for a port that is not 0–65535.
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.port == 0:
+            raise ValueError("not an http(s) URL")
+        if parts.username is not None or parts.query or parts.fragment:
+            raise ValueError("credentials, query or fragment")
+        return value.strip().rstrip("/")
+
+    @field_validator("nomad_token", "api_token")
+    @classmethod
+    def _check_token(cls, value: SecretStr | None) -> SecretStr | None:
+        # requests refuses header values with line breaks anyway; say so at
+        # startup rather than on every request.
+        if value is not None and not _NO_SPACE.fullmatch(value.get_secret_value()):
+            raise ValueError("whitespace in token")
+        return value
+
+    @field_validator("nomad_namespace")
+    @classmethod
+    def _check_namespace(cls, value: str) -> str:
+        if not _NAMESPACE.fullmatch(value):
+            raise ValueError("invalid namespace")
+        return value
+
+    @field_validator("nomad_region", "api_host")
+    @classmethod
+    def _check_word(cls, value: str | None) -> str | None:
+        if value is not None and not _NO_SPACE.fullmatch(value):
+            raise ValueError("whitespace")
+        return value
+
+    @field_validator("nomad_cacert", "nomad_client_cert", "nomad_client_key")
+    @classmethod
+    def _check_file(cls, value: str | None) -> str | None:
+        # requests would only fail at the first request, with a bare OSError.
+        if value is not None and not (os.path.isfile(value) and os.access(value, os.R_OK)):
+            raise ValueError("no such file")
+        return value
+
+    @field_validator("leader_lock_path")
+    @classmethod
+    def _check_lock_path(cls, value: str) -> str:
+        # Nomad's validatePath: its character set (no '.', which templates
+        # use as a separator) and the reserved top-level "nomad/" tree. Empty
+        # segments would address a different variable than the operator meant.
+        parts = value.split("/")
+        if not _VARIABLE_PATH.fullmatch(value) or "" in parts:
+            raise ValueError("invalid variable path")
+        if parts[0] == "nomad" and not (len(parts) > 2 and parts[1] == "jobs"):
+            raise ValueError("reserved variable path")
+        return value
+
+    @model_validator(mode="after")
+    def _check_client_pair(self) -> Settings:
+        # A certificate without its key (or the reverse) cannot authenticate;
+        # Nomad's CLI silently ignores the half it got.
+        if (self.nomad_client_cert is None) != (self.nomad_client_key is None):
+            have, missing = (
+                ("NOMAD_CLIENT_CERT", "NOMAD_CLIENT_KEY")
+                if self.nomad_client_cert is not None
+                else ("NOMAD_CLIENT_KEY", "NOMAD_CLIENT_CERT")
+            )
+            raise ValueError(f"{missing}: must be set together with {have} (only {have} is set)")
+        return self
+
+    # --- what the rest of the controller needs ---
+
+    @property
+    def api_auth_token(self) -> str | None:
+        """The token API clients must present; None disables authentication."""
+        return self.api_token.get_secret_value() if self.api_token is not None else None
+
+    @property
+    def effective_log_format(self) -> Literal["json", "text"]:
+        """`log_format` with `auto` resolved against the process's stderr."""
+        return self.resolve_log_format(sys.stderr)
+
+    def resolve_log_format(self, stream: TextIO | None) -> Literal["json", "text"]:
+        """`log_format` with `auto` resolved: text when `stream` is a terminal."""
+        if self.log_format != "auto":
+            return self.log_format
+        try:
+            tty = stream is not None and stream.isatty()
+        except ValueError:  # a closed stream
+            tty = False
+        return "text" if tty else "json"
+
+    def controller_settings(self) -> ControllerSettings:
+        """The reconcile loop's settings; knobs without a variable keep their defaults."""
+        return ControllerSettings(
+            resync_interval_s=self.resync_interval_s,
+            workers=self.workers,
+            write_concurrency=self.nomad_write_concurrency,
+            write_rate_per_s=self.nomad_write_rate_per_s,
+            max_backoff_s=self.max_backoff_s,
+            leader_election=self.leader_election,
+            leader_lock_path=self.leader_lock_path,
+            leader_ttl_s=self.leader_ttl_s,
+            plan=PlanSettings(
+                orphan_grace_ns=round(self.orphan_grace_s * SECOND),
+                startup_timeout_ns=round(self.startup_timeout_s * SECOND),
+                lost_retention_ns=round(self.lost_runner_retention_s * SECOND),
+                degraded_after=self.failure_budget,
+            ),
+        )
+
+    def nomad_connection_kwargs(self) -> dict[str, Any]:
+        """Where and how to reach Nomad: the keyword arguments NomadClient and
+        EventStream share. Holds the token in clear: never log it."""
+        token = self.nomad_token.get_secret_value() if self.nomad_token is not None else None
+        return {
+            "address": self.nomad_addr,
+            "token": token,
+            "namespace": self.nomad_namespace,
+            "region": self.nomad_region,
+            "ca_cert": self.nomad_cacert,
+            "client_cert": self.nomad_client_cert,
+            "client_key": self.nomad_client_key,
+            "verify": not self.nomad_skip_verify,
+        }
+
+    def nomad_client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for NomadClient (holds the token: never log it)."""
+        return {**self.nomad_connection_kwargs(), "timeout_s": self.nomad_timeout_s}
+
+    def nomad_stream_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for EventStream besides topics and callbacks (holds
+        the token: never log it). Only connecting is bounded by NRC_NOMAD_TIMEOUT:
+        the stream's read timeout must outlast Nomad's heartbeats, so it keeps
+        EventStream's default."""
+        return {**self.nomad_connection_kwargs(), "connect_timeout_s": self.nomad_timeout_s}
+
+
+# --- loading -----------------------------------------------------------------
+
+# The environment `load_settings` was given, for `settings_customise_sources`
+# (a classmethod, so it cannot be handed the mapping directly). A ContextVar
+# keeps concurrent loads in threads or tasks apart.
+_ENVIRON: ContextVar[Mapping[str, str] | None] = ContextVar("nrc_environ", default=None)
+
+
+class _MappingSource(EnvSettingsSource):
+    """pydantic-settings' environment source reading a given mapping instead
+    of os.environ, so that tests and `load_settings(environ)` are hermetic."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        # Before super(), which loads the variables. Our _load_env_vars
+        # replaces the one that drops empty values, so drop them here.
+        self._environ = {name: value for name, value in environ.items() if value}
+        super().__init__(settings_cls, case_sensitive=True, env_ignore_empty=True)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return self._environ
+
+
+def _fields() -> Iterator[tuple[str, str, FieldInfo]]:
+    """(field name, variable, field info) in declaration order."""
+    for name, info in Settings.model_fields.items():
+        assert info.alias is not None  # every field has its variable
+        yield name, info.alias, info
+
+
+def variables() -> tuple[str, ...]:
+    """Every variable the controller reads, in documentation order."""
+    return tuple(var for _, var, _ in _fields())
+
+
+def _extra(info: FieldInfo) -> dict[str, Any]:
+    extra = info.json_schema_extra
+    assert isinstance(extra, dict)
+    return extra
+
+
+def _is_secret(info: FieldInfo) -> bool:
+    return bool(_extra(info)["secret"])
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Settings from `environ` (default: os.environ).
+
+    Raises ConfigError listing every problem, one line each: values that are
+    not allowed and `NRC_*` variables that are not ours (most likely typos)."""
+    env = dict(os.environ if environ is None else environ)
+    problems = _unknown_variables(env)
+    token = _ENVIRON.set(env)
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        # `from None`: the pydantic error would repeat the values (tokens too)
+        # and add documentation links; our lines already say everything.
+        raise ConfigError([*problems, *_problems(exc, env)]) from None
+    finally:
+        _ENVIRON.reset(token)
+    if problems:
+        raise ConfigError(problems)
+    return settings
+
+
+def _unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    known = variables()
+    ours = [v for v in known if v.startswith(PREFIX)]
+    problems = []
+    for name in sorted(environ):
+        # Lower-case spellings count too: the variables are case-sensitive,
+        # so `nrc_api_port` would otherwise be ignored without a word.
+        if not name.upper().startswith(PREFIX) or name in known:
+            continue
+        if name.upper() in known:
+            hint = f"did you mean {name.upper()}? variable names are case-sensitive"
+        else:
+            close = difflib.get_close_matches(name.upper(), ours, n=3, cutoff=0.75)
+            hint = (
+                f"did you mean {' or '.join(close)}?" if close else "no NRC_ setting is spelt alike"
+            )
+        problems.append(f"{name}: unknown variable ({hint})")
+    return problems
+
+
+def _problems(exc: ValidationError, environ: Mapping[str, str]) -> list[str]:
+    fields = {var: info for _, var, info in _fields()}
+    problems = []
+    for error in exc.errors(include_url=False):
+        loc = error["loc"]
+        if not loc:
+            # A model validator's message already names its variables.
+            problems.append(str(error.get("ctx", {}).get("error", error["msg"])))
+            continue
+        var = str(loc[0])
+        info = fields.get(var)
+        if info is None:  # not through load_settings' aliases; say what pydantic said
+            problems.append(f"{var}: {error['msg']}")
+            continue
+        line = f"{var}: must be {_extra(info)['allowed']}"
+        # The operator's own text: pydantic's input may already be converted
+        # ("0" → 0, "verbose" → "VERBOSE").
+        shown = _shown_input(info, var, environ.get(var))
+        problems.append(line if shown is None else f"{line} (got {shown})")
+    return problems
+
+
+def _shown_input(info: FieldInfo, var: str, value: str | None) -> str | None:
+    """The rejected value quoted for an error line, or None if it must not be shown."""
+    if _is_secret(info) or value is None:
+        return None
+    if var == "NOMAD_ADDR" and "@" in value:
+        return None  # may hold user:password
+    if len(value) > 80:
+        value = value[:77] + "..."
+    # json.dumps quotes and escapes line breaks, keeping the message one line.
+    return json.dumps(value, ensure_ascii=False)
+
+
+# --- describing --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SettingRow:
+    """One variable as `describe` shows it. Secrets show as `(set)`/`(unset)`."""
+
+    variable: str
+    value: str
+    source: str  # "environment" or "default"
+    description: str
+    default: str
+
+
+def _show(info: FieldInfo, value: Any) -> str:
+    if value is None:
+        return UNSET
+    if isinstance(value, SecretStr):
+        return SET  # never the value, not even its length
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if _extra(info)["duration"]:
+            return format_duration(value)
+        return str(int(value)) if value.is_integer() else repr(value)
+    return str(value)
+
+
+def describe(settings: Settings, environ: Mapping[str, str] | None = None) -> list[SettingRow]:
+    """Every variable with its effective value and where it came from.
+
+    `source` is "environment" when `environ` sets the variable (non-empty);
+    without `environ`, when the settings were loaded with it set."""
+    rows = []
+    for name, var, info in _fields():
+        if environ is not None:
+            from_env = bool(environ.get(var))
+        else:
+            from_env = name in settings.model_fields_set
+        rows.append(
+            SettingRow(
+                variable=var,
+                value=_show(info, getattr(settings, name)),
+                source=ENVIRONMENT if from_env else DEFAULT,
+                description=info.description or "",
+                default=_show(info, info.default),
+            )
+        )
+    return rows
+
+
+def render_table(rows: Sequence[SettingRow], markdown: bool = False) -> str:
+    """A table of `rows`: aligned plain text (variable, value, source,
+    description) for a terminal, or Markdown (variable, default, description)
+    for the README; the Markdown table shows defaults, not this machine's values."""
+    if markdown:
+        lines = ["| variable | default | description |", "|---|---|---|"]
+        for row in rows:
+            default = row.default if row.default == UNSET else f"`{row.default}`"
+            cells = (f"`{row.variable}`", default, row.description)
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        return "\n".join(lines) + "\n"
+    table = [("VARIABLE", "VALUE", "SOURCE", "DESCRIPTION")]
+    table += [(r.variable, r.value, r.source, r.description) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    lines = [
+        "  ".join([*(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True)), row[3]])
+        for row in table
+    ]
+    return "\n".join(line.rstrip() for line in lines) + "\n"

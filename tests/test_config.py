@@ -1,0 +1,860 @@
+"""Configuration from environment variables: defaults, one clear line per bad
+variable, Go durations, secrets never shown, typos caught, TLS files checked,
+and the mapping onto ControllerSettings, NomadClient and EventStream."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from controller.config import (
+    ConfigError,
+    SettingRow,
+    Settings,
+    describe,
+    format_duration,
+    load_settings,
+    parse_duration,
+    render_table,
+    variables,
+)
+from controller.model import SECOND
+from controller.nomad.client import NomadClient
+from controller.nomad.stream import EventStream
+from controller.reconcile.loop import ControllerSettings
+from controller.reconcile.plan import PlanSettings
+
+NOMAD_TOKEN = "3f9c1e1a-nomad-secret-token"
+API_TOKEN = "api-secret-token-0b7d"
+
+ALL_VARIABLES = [
+    "NOMAD_ADDR",
+    "NOMAD_TOKEN",
+    "NOMAD_NAMESPACE",
+    "NOMAD_REGION",
+    "NOMAD_CACERT",
+    "NOMAD_CLIENT_CERT",
+    "NOMAD_CLIENT_KEY",
+    "NOMAD_SKIP_VERIFY",
+    "NRC_API_HOST",
+    "NRC_API_PORT",
+    "NRC_API_TOKEN",
+    "NRC_RESYNC_INTERVAL",
+    "NRC_ORPHAN_GRACE",
+    "NRC_STARTUP_TIMEOUT",
+    "NRC_LOST_RUNNER_RETENTION",
+    "NRC_NOMAD_WRITE_RATE",
+    "NRC_NOMAD_WRITE_CONCURRENCY",
+    "NRC_NOMAD_TIMEOUT",
+    "NRC_WORKERS",
+    "NRC_MAX_BACKOFF",
+    "NRC_EVENT_STREAM",
+    "NRC_POOL_ALERT_THRESHOLD",
+    "NRC_MAX_POOL_SIZE",
+    "NRC_FAILURE_BUDGET",
+    "NRC_LEADER_ELECTION",
+    "NRC_LEADER_LOCK_PATH",
+    "NRC_LEADER_TTL",
+    "NRC_LOG_LEVEL",
+    "NRC_LOG_FORMAT",
+]
+
+
+def problems_of(environ: dict[str, str]) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_settings(environ)
+    return str(info.value).split("\n")
+
+
+@pytest.fixture
+def pem_files(tmp_path: Path) -> dict[str, str]:
+    files = {}
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        path = tmp_path / name
+        path.write_text("-----BEGIN PLACEHOLDER-----\n")
+        files[name] = str(path)
+    return files
+
+
+@pytest.fixture
+def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """os.environ without any variable we read or any NRC_* variable."""
+    for name in list(os.environ):
+        if name in ALL_VARIABLES or name.upper().startswith("NRC_"):
+            monkeypatch.delenv(name)
+
+
+# --- defaults ----------------------------------------------------------------
+
+
+def test_defaults() -> None:
+    s = load_settings({})
+    assert s.nomad_addr == "http://127.0.0.1:4646"
+    assert s.nomad_token is None
+    assert s.nomad_namespace == "default"
+    assert s.nomad_region is None
+    assert (s.nomad_cacert, s.nomad_client_cert, s.nomad_client_key) == (None, None, None)
+    assert s.nomad_skip_verify is False
+    assert (s.api_host, s.api_port, s.api_auth_token) == ("127.0.0.1", 7200, None)
+    assert s.resync_interval_s == 30.0
+    assert s.orphan_grace_s == 60.0
+    assert s.startup_timeout_s == 300.0
+    assert s.lost_runner_retention_s == 3600.0
+    assert s.nomad_write_rate_per_s == 50.0
+    assert s.nomad_write_concurrency == 8
+    assert s.nomad_timeout_s == 10.0
+    assert s.workers == 4
+    assert s.max_backoff_s == 30.0
+    assert s.event_stream is True
+    assert s.pool_alert_threshold == 0.5
+    assert s.max_pool_size == 10000
+    assert s.failure_budget == 3
+    assert s.leader_election is False
+    assert s.leader_lock_path == "nomad-runner-controller/leader"
+    assert s.leader_ttl_s == 15.0
+    assert s.log_level == "INFO"
+    assert s.log_format == "auto"
+
+
+def test_defaults_agree_with_the_loop_and_plan_defaults() -> None:
+    # One source of truth per knob: the env defaults must not drift from the
+    # library defaults the tests of the loop run with.
+    assert load_settings({}).controller_settings() == ControllerSettings()
+
+
+def test_empty_variable_counts_as_unset() -> None:
+    s = load_settings({"NRC_API_PORT": "", "NOMAD_TOKEN": "", "NRC_LOG_FORMAT": ""})
+    assert (s.api_port, s.nomad_token, s.log_format) == (7200, None, "auto")
+
+
+def test_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch, clean_environ: None) -> None:
+    monkeypatch.setenv("NRC_API_PORT", "8080")
+    monkeypatch.setenv("NOMAD_NAMESPACE", "sandboxes")
+    s = load_settings()
+    assert (s.api_port, s.nomad_namespace) == (8080, "sandboxes")
+    monkeypatch.setenv("NRC_API_PROT", "8080")
+    with pytest.raises(ConfigError, match="NRC_API_PROT"):
+        load_settings()
+
+
+def test_given_mapping_ignores_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NRC_API_PORT", "not a port")
+    monkeypatch.setenv("NRC_WORKERS", "9")
+    s = load_settings({})
+    assert (s.api_port, s.workers) == (7200, 4)
+
+
+def test_every_field_is_documented_and_has_its_variable() -> None:
+    assert list(variables()) == ALL_VARIABLES
+    for name, info in Settings.model_fields.items():
+        assert info.description and info.description.endswith("."), name
+        extra = info.json_schema_extra
+        assert isinstance(extra, dict) and extra["allowed"], name
+
+
+# --- values accepted ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("true", True),
+        ("TRUE", True),
+        ("1", True),
+        ("yes", True),
+        (" Yes ", True),
+        ("false", False),
+        ("False", False),
+        ("0", False),
+        ("no", False),
+        ("NO", False),
+    ],
+)
+def test_booleans(text: str, expected: bool) -> None:
+    s = load_settings({"NRC_EVENT_STREAM": text, "NRC_LEADER_ELECTION": text})
+    assert s.event_stream is expected
+    assert s.leader_election is expected
+
+
+@pytest.mark.parametrize(("text", "level"), [("debug", "DEBUG"), ("Warning", "WARNING")])
+def test_log_level_any_case(text: str, level: str) -> None:
+    assert load_settings({"NRC_LOG_LEVEL": text}).log_level == level
+
+
+class FakeStream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        return self.tty
+
+
+@pytest.mark.parametrize(
+    ("fmt", "tty", "effective"),
+    [
+        ("auto", True, "text"),
+        ("auto", False, "json"),
+        ("AUTO", True, "text"),
+        ("json", True, "json"),
+        ("text", False, "text"),
+    ],
+)
+def test_log_format_auto_follows_the_terminal(fmt: str, tty: bool, effective: str) -> None:
+    s = load_settings({"NRC_LOG_FORMAT": fmt})
+    assert s.resolve_log_format(FakeStream(tty)) == effective
+
+
+def test_log_format_auto_with_closed_or_missing_stderr() -> None:
+    closed = FakeStream(True)
+    closed.close()
+    s = load_settings({})
+    assert s.resolve_log_format(closed) == "json"
+    assert s.resolve_log_format(None) == "json"
+    assert s.effective_log_format in ("json", "text")
+
+
+def test_nomad_addr_forms() -> None:
+    assert load_settings({"NOMAD_ADDR": "https://nomad.example:4646/"}).nomad_addr == (
+        "https://nomad.example:4646"
+    )
+    assert load_settings({"NOMAD_ADDR": "http://[::1]:4646"}).nomad_addr == "http://[::1]:4646"
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["leader", "a/b/c", "nrc-prod_1~x/leader", "nomad/jobs/controller/leader", "x" * 128],
+)
+def test_valid_lock_paths(path: str) -> None:
+    assert load_settings({"NRC_LEADER_LOCK_PATH": path}).leader_lock_path == path
+
+
+# --- Go durations ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30", 30.0),
+        ("0.5", 0.5),
+        (".5", 0.5),
+        ("0", 0.0),
+        ("30s", 30.0),
+        ("5m", 300.0),
+        ("1h", 3600.0),
+        ("1h30m", 5400.0),
+        ("1.5h", 5400.0),
+        ("250ms", 0.25),
+        ("1500ms", 1.5),
+        ("100us", 0.0001),
+        ("100µs", 0.0001),  # U+00B5 micro sign
+        ("100μs", 0.0001),  # U+03BC Greek mu
+        ("2ns", 2e-9),
+        ("1m30.5s", 90.5),
+        ("1h1m1s1ms", 3661.001),
+        ("0.1s", 0.1),
+        (" 10s ", 10.0),
+        ("-5s", -5.0),
+        ("+2m", 120.0),
+    ],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "s", "5x", "5 s", "1h 30m", "5sec", "1d", "1e3", "1_000", "inf", "nan", "--5s", "5s-"],
+)
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.0, "0s"),
+        (30.0, "30s"),
+        (60.0, "1m"),
+        (300.0, "5m"),
+        (3600.0, "1h"),
+        (5400.0, "1h30m"),
+        (3661.5, "1h1m1.5s"),
+        (0.25, "250ms"),
+        (0.0015, "1.5ms"),
+        (2e-9, "2ns"),
+        (1e-6, "1us"),
+        (-90.0, "-1m30s"),
+    ],
+)
+def test_format_duration_round_trips(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+def test_durations_reach_the_loop_in_their_units() -> None:
+    s = load_settings(
+        {
+            "NRC_STARTUP_TIMEOUT": "1.5h",
+            "NRC_ORPHAN_GRACE": "0",
+            "NRC_LOST_RUNNER_RETENTION": "250ms",
+            "NRC_RESYNC_INTERVAL": "2.5",
+        }
+    )
+    plan = s.controller_settings().plan
+    assert plan.startup_timeout_ns == 5400 * SECOND
+    assert plan.orphan_grace_ns == 0
+    assert plan.lost_retention_ns == SECOND // 4
+    assert s.controller_settings().resync_interval_s == 2.5
+
+
+# --- bad values: one line naming the variable --------------------------------
+
+DURATION = "as seconds (30, 0.5) or a Go duration (30s, 5m, 1h30m, 250ms)"
+LOCK_PATH = (
+    "must be a Nomad variable path: up to 128 letters, digits, '-', '_', '~' and '/', "
+    "without a leading, trailing or doubled '/', and under nomad/ only in nomad/jobs/"
+)
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "line"),
+    [
+        # integers
+        ("NRC_API_PORT", "abc", 'NRC_API_PORT: must be an integer between 1 and 65535 (got "abc")'),
+        ("NRC_API_PORT", "0", 'NRC_API_PORT: must be an integer between 1 and 65535 (got "0")'),
+        (
+            "NRC_API_PORT",
+            "65536",
+            'NRC_API_PORT: must be an integer between 1 and 65535 (got "65536")',
+        ),
+        (
+            "NRC_API_PORT",
+            "80.0",
+            'NRC_API_PORT: must be an integer between 1 and 65535 (got "80.0")',
+        ),
+        ("NRC_WORKERS", "0", 'NRC_WORKERS: must be an integer between 1 and 64 (got "0")'),
+        ("NRC_WORKERS", "65", 'NRC_WORKERS: must be an integer between 1 and 64 (got "65")'),
+        ("NRC_WORKERS", "1_0", 'NRC_WORKERS: must be an integer between 1 and 64 (got "1_0")'),
+        (
+            "NRC_NOMAD_WRITE_CONCURRENCY",
+            "257",
+            'NRC_NOMAD_WRITE_CONCURRENCY: must be an integer between 1 and 256 (got "257")',
+        ),
+        ("NRC_MAX_POOL_SIZE", "-1", 'NRC_MAX_POOL_SIZE: must be an integer, at least 0 (got "-1")'),
+        ("NRC_FAILURE_BUDGET", "0", 'NRC_FAILURE_BUDGET: must be an integer, at least 1 (got "0")'),
+        # numbers
+        (
+            "NRC_NOMAD_WRITE_RATE",
+            "-1",
+            "NRC_NOMAD_WRITE_RATE: must be a number of writes per second, at least 0 "
+            '(0 = unlimited) (got "-1")',
+        ),
+        (
+            "NRC_NOMAD_WRITE_RATE",
+            "inf",
+            "NRC_NOMAD_WRITE_RATE: must be a number of writes per second, at least 0 "
+            '(0 = unlimited) (got "inf")',
+        ),
+        (
+            "NRC_POOL_ALERT_THRESHOLD",
+            "1.5",
+            'NRC_POOL_ALERT_THRESHOLD: must be a number between 0 and 1 (got "1.5")',
+        ),
+        (
+            "NRC_POOL_ALERT_THRESHOLD",
+            "nan",
+            'NRC_POOL_ALERT_THRESHOLD: must be a number between 0 and 1 (got "nan")',
+        ),
+        (
+            "NRC_POOL_ALERT_THRESHOLD",
+            "50%",
+            'NRC_POOL_ALERT_THRESHOLD: must be a number between 0 and 1 (got "50%")',
+        ),
+        # durations
+        (
+            "NRC_RESYNC_INTERVAL",
+            "0",
+            f'NRC_RESYNC_INTERVAL: must be a duration above 0, {DURATION} (got "0")',
+        ),
+        (
+            "NRC_RESYNC_INTERVAL",
+            "5 minutes",
+            f'NRC_RESYNC_INTERVAL: must be a duration above 0, {DURATION} (got "5 minutes")',
+        ),
+        (
+            "NRC_ORPHAN_GRACE",
+            "-1s",
+            f'NRC_ORPHAN_GRACE: must be a duration of at least 0, {DURATION} (got "-1s")',
+        ),
+        (
+            "NRC_STARTUP_TIMEOUT",
+            "1d",
+            f'NRC_STARTUP_TIMEOUT: must be a duration above 0, {DURATION} (got "1d")',
+        ),
+        (
+            "NRC_NOMAD_TIMEOUT",
+            "0s",
+            f'NRC_NOMAD_TIMEOUT: must be a duration above 0, {DURATION} (got "0s")',
+        ),
+        (
+            "NRC_LEADER_TTL",
+            "9s",
+            f'NRC_LEADER_TTL: must be a duration between 10s and 24h, {DURATION} (got "9s")',
+        ),
+        (
+            "NRC_LEADER_TTL",
+            "25h",
+            f'NRC_LEADER_TTL: must be a duration between 10s and 24h, {DURATION} (got "25h")',
+        ),
+        # booleans
+        (
+            "NRC_EVENT_STREAM",
+            "maybe",
+            'NRC_EVENT_STREAM: must be true or false (also 1/0, yes/no) (got "maybe")',
+        ),
+        (
+            "NOMAD_SKIP_VERIFY",
+            "2",
+            'NOMAD_SKIP_VERIFY: must be true or false (also 1/0, yes/no) (got "2")',
+        ),
+        # choices
+        (
+            "NRC_LOG_LEVEL",
+            "verbose",
+            'NRC_LOG_LEVEL: must be one of DEBUG, INFO, WARNING, ERROR (any case) (got "verbose")',
+        ),
+        ("NRC_LOG_FORMAT", "xml", 'NRC_LOG_FORMAT: must be one of json, text, auto (got "xml")'),
+        # strings with rules
+        (
+            "NOMAD_ADDR",
+            "127.0.0.1:4646",
+            "NOMAD_ADDR: must be an http:// or https:// URL such as http://127.0.0.1:4646 "
+            '(got "127.0.0.1:4646")',
+        ),
+        (
+            "NOMAD_ADDR",
+            "unix:///var/run/nomad.sock",
+            "NOMAD_ADDR: must be an http:// or https:// URL such as http://127.0.0.1:4646 "
+            '(got "unix:///var/run/nomad.sock")',
+        ),
+        (
+            "NOMAD_ADDR",
+            "http://nomad:99999",
+            "NOMAD_ADDR: must be an http:// or https:// URL such as http://127.0.0.1:4646 "
+            '(got "http://nomad:99999")',
+        ),
+        (
+            "NOMAD_ADDR",
+            "http://",
+            "NOMAD_ADDR: must be an http:// or https:// URL such as http://127.0.0.1:4646 "
+            '(got "http://")',
+        ),
+        (
+            "NOMAD_NAMESPACE",
+            "my ns",
+            "NOMAD_NAMESPACE: must be a Nomad namespace name: 1 to 128 letters, digits and '-' "
+            '(got "my ns")',
+        ),
+        (
+            "NRC_API_HOST",
+            "local host",
+            'NRC_API_HOST: must be a host name or IP address without whitespace (got "local host")',
+        ),
+        ("NRC_LEADER_LOCK_PATH", "/leader", f'NRC_LEADER_LOCK_PATH: {LOCK_PATH} (got "/leader")'),
+        ("NRC_LEADER_LOCK_PATH", "leader/", f'NRC_LEADER_LOCK_PATH: {LOCK_PATH} (got "leader/")'),
+        ("NRC_LEADER_LOCK_PATH", "a//b", f'NRC_LEADER_LOCK_PATH: {LOCK_PATH} (got "a//b")'),
+        ("NRC_LEADER_LOCK_PATH", "../x", f'NRC_LEADER_LOCK_PATH: {LOCK_PATH} (got "../x")'),
+        ("NRC_LEADER_LOCK_PATH", "a.b", f'NRC_LEADER_LOCK_PATH: {LOCK_PATH} (got "a.b")'),
+        (
+            "NRC_LEADER_LOCK_PATH",
+            "nomad/leader",
+            f'NRC_LEADER_LOCK_PATH: {LOCK_PATH} (got "nomad/leader")',
+        ),
+        (
+            "NRC_LEADER_LOCK_PATH",
+            "x" * 129,
+            f'NRC_LEADER_LOCK_PATH: {LOCK_PATH} (got "{"x" * 77}...")',
+        ),
+        # the value is quoted so that a line break cannot split the message
+        (
+            "NRC_LOG_FORMAT",
+            "json\nNRC_OTHER",
+            'NRC_LOG_FORMAT: must be one of json, text, auto (got "json\\nNRC_OTHER")',
+        ),
+    ],
+)
+def test_bad_value_gives_one_line_naming_the_variable(var: str, value: str, line: str) -> None:
+    assert problems_of({var: value}) == [line]
+
+
+def test_several_bad_variables_give_one_line_each() -> None:
+    lines = problems_of(
+        {"NRC_API_PORT": "abc", "NRC_WORKERS": "many", "NRC_LEADER_TTL": "1s", "NRC_API_PROT": "1"}
+    )
+    assert [line.split(":")[0] for line in lines] == [
+        "NRC_API_PROT",
+        "NRC_API_PORT",
+        "NRC_WORKERS",
+        "NRC_LEADER_TTL",
+    ]
+
+
+def test_config_error_has_no_pydantic_boilerplate() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({"NRC_API_PORT": "abc", "NOMAD_ADDR": "nomad"})
+    text = str(info.value)
+    for noise in ("pydantic", "http://errors", "validation error", "Input should", "type="):
+        assert noise not in text
+    # Raised `from None`: a crash report shows our lines, not pydantic's too.
+    assert info.value.__cause__ is None
+    assert info.value.__suppress_context__
+    assert info.value.problems == tuple(text.split("\n"))
+
+
+def test_config_error_lines_never_span_lines() -> None:
+    for line in problems_of({"NRC_API_HOST": "a\nb", "NRC_LEADER_LOCK_PATH": "\n"}):
+        assert re.fullmatch(r"NRC_[A-Z_]+: must be [^\n]+", line)
+
+
+# --- secrets -----------------------------------------------------------------
+
+
+def secret_settings() -> Settings:
+    return load_settings({"NOMAD_TOKEN": NOMAD_TOKEN, "NRC_API_TOKEN": API_TOKEN})
+
+
+def assert_no_secret(text: str) -> None:
+    assert NOMAD_TOKEN not in text
+    assert API_TOKEN not in text
+
+
+def test_secrets_are_usable() -> None:
+    s = secret_settings()
+    assert s.api_auth_token == API_TOKEN
+    assert s.nomad_client_kwargs()["token"] == NOMAD_TOKEN
+    assert s.nomad_stream_kwargs()["token"] == NOMAD_TOKEN
+
+
+def test_secrets_never_rendered() -> None:
+    s = secret_settings()
+    rows = describe(s, {"NOMAD_TOKEN": NOMAD_TOKEN, "NRC_API_TOKEN": API_TOKEN})
+    for text in (
+        repr(s),
+        str(s),
+        s.model_dump_json(),
+        repr(s.model_dump()),
+        repr(rows),
+        render_table(rows),
+        render_table(rows, markdown=True),
+    ):
+        assert_no_secret(text)
+    shown = {row.variable: (row.value, row.source) for row in rows}
+    assert shown["NOMAD_TOKEN"] == ("(set)", "environment")
+    assert shown["NRC_API_TOKEN"] == ("(set)", "environment")
+    unset = {row.variable: row.value for row in describe(load_settings({}), {})}
+    assert unset["NOMAD_TOKEN"] == unset["NRC_API_TOKEN"] == "(unset)"
+
+
+def test_secrets_never_logged(caplog: pytest.LogCaptureFixture) -> None:
+    s = secret_settings()
+    with caplog.at_level(logging.INFO):
+        logging.getLogger("test").info("settings %s / %r / %s", s, s, s.model_dump())
+    assert caplog.records
+    assert_no_secret(caplog.text)
+
+
+@pytest.mark.parametrize("var", ["NOMAD_TOKEN", "NRC_API_TOKEN"])
+def test_bad_secret_is_not_echoed(var: str) -> None:
+    secret = "abc def-secret-part"
+    lines = problems_of({var: secret})
+    assert lines == [f"{var}: must be a token without whitespace or control characters"]
+    assert "secret-part" not in lines[0]
+
+
+def test_credentials_in_nomad_addr_are_not_echoed() -> None:
+    lines = problems_of({"NOMAD_ADDR": "http://admin:hunter2@nomad:4646"})
+    assert lines == ["NOMAD_ADDR: must be an http:// or https:// URL such as http://127.0.0.1:4646"]
+
+
+def test_validation_error_of_direct_construction_hides_input(
+    monkeypatch: pytest.MonkeyPatch, clean_environ: None
+) -> None:
+    # Settings() used directly (not through load_settings) raises pydantic's
+    # error; it must not carry the token into a log either.
+    monkeypatch.setenv("NOMAD_TOKEN", "bad token-" + NOMAD_TOKEN)
+    with pytest.raises(ValidationError) as info:
+        Settings()
+    assert "NOMAD_TOKEN" in str(info.value)
+    assert NOMAD_TOKEN not in str(info.value)
+
+
+def test_direct_construction_reads_os_environ(
+    monkeypatch: pytest.MonkeyPatch, clean_environ: None
+) -> None:
+    monkeypatch.setenv("NRC_WORKERS", "7")
+    assert Settings().workers == 7
+
+
+# --- unknown variables -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "line"),
+    [
+        (
+            "NRC_API_PROT",
+            "NRC_API_PROT: unknown variable (did you mean NRC_API_PORT or NRC_API_HOST?)",
+        ),
+        ("NRC_WORKER", "NRC_WORKER: unknown variable (did you mean NRC_WORKERS?)"),
+        (
+            "NRC_LEADER_TIMEOUT",
+            "NRC_LEADER_TIMEOUT: unknown variable (did you mean NRC_LEADER_TTL or "
+            "NRC_NOMAD_TIMEOUT or NRC_STARTUP_TIMEOUT?)",
+        ),
+        (
+            "nrc_api_port",
+            "nrc_api_port: unknown variable (did you mean NRC_API_PORT? "
+            "variable names are case-sensitive)",
+        ),
+        ("NRC_BANANA", "NRC_BANANA: unknown variable (no NRC_ setting is spelt alike)"),
+    ],
+)
+def test_unknown_nrc_variable_is_caught_with_suggestion(name: str, line: str) -> None:
+    assert problems_of({name: "1"}) == [line]
+
+
+def test_unknown_nomad_variables_are_left_alone() -> None:
+    # Nomad sets many NOMAD_* variables in a task's environment (the controller
+    # may run as a Nomad job), and its CLI reads more than we do.
+    s = load_settings({"NOMAD_ALLOC_ID": "x", "NOMAD_CLI_NO_COLOR": "1", "PATH": "/bin"})
+    assert s == load_settings({})
+
+
+# --- TLS files ---------------------------------------------------------------
+
+
+def test_tls_files(pem_files: dict[str, str]) -> None:
+    s = load_settings(
+        {
+            "NOMAD_ADDR": "https://nomad:4646",
+            "NOMAD_CACERT": pem_files["ca.pem"],
+            "NOMAD_CLIENT_CERT": pem_files["cert.pem"],
+            "NOMAD_CLIENT_KEY": pem_files["key.pem"],
+        }
+    )
+    kwargs = s.nomad_client_kwargs()
+    assert kwargs["ca_cert"] == pem_files["ca.pem"]
+    assert kwargs["client_cert"] == pem_files["cert.pem"]
+    assert kwargs["client_key"] == pem_files["key.pem"]
+
+
+def test_client_cert_without_key(pem_files: dict[str, str]) -> None:
+    assert problems_of({"NOMAD_CLIENT_CERT": pem_files["cert.pem"]}) == [
+        "NOMAD_CLIENT_KEY: must be set together with NOMAD_CLIENT_CERT "
+        "(only NOMAD_CLIENT_CERT is set)"
+    ]
+
+
+def test_client_key_without_cert(pem_files: dict[str, str]) -> None:
+    assert problems_of({"NOMAD_CLIENT_KEY": pem_files["key.pem"]}) == [
+        "NOMAD_CLIENT_CERT: must be set together with NOMAD_CLIENT_KEY "
+        "(only NOMAD_CLIENT_KEY is set)"
+    ]
+
+
+@pytest.mark.parametrize("var", ["NOMAD_CACERT", "NOMAD_CLIENT_CERT", "NOMAD_CLIENT_KEY"])
+def test_missing_tls_file(var: str, pem_files: dict[str, str], tmp_path: Path) -> None:
+    environ = {
+        "NOMAD_CACERT": pem_files["ca.pem"],
+        "NOMAD_CLIENT_CERT": pem_files["cert.pem"],
+        "NOMAD_CLIENT_KEY": pem_files["key.pem"],
+    }
+    missing = str(tmp_path / "missing.pem")
+    environ[var] = missing
+    assert problems_of(environ) == [
+        f'{var}: must be the path of an existing, readable file (got "{missing}")'
+    ]
+
+
+def test_tls_file_that_is_a_directory(tmp_path: Path) -> None:
+    assert problems_of({"NOMAD_CACERT": str(tmp_path)}) == [
+        f'NOMAD_CACERT: must be the path of an existing, readable file (got "{tmp_path}")'
+    ]
+
+
+# --- mapping onto the rest of the controller ---------------------------------
+
+
+def full_environ(pem_files: dict[str, str]) -> dict[str, str]:
+    return {
+        "NOMAD_ADDR": "https://nomad.internal:4646/",
+        "NOMAD_TOKEN": NOMAD_TOKEN,
+        "NOMAD_NAMESPACE": "sandboxes",
+        "NOMAD_REGION": "eu",
+        "NOMAD_CACERT": pem_files["ca.pem"],
+        "NOMAD_CLIENT_CERT": pem_files["cert.pem"],
+        "NOMAD_CLIENT_KEY": pem_files["key.pem"],
+        "NOMAD_SKIP_VERIFY": "yes",
+        "NRC_API_HOST": "0.0.0.0",
+        "NRC_API_PORT": "8080",
+        "NRC_API_TOKEN": API_TOKEN,
+        "NRC_RESYNC_INTERVAL": "1m",
+        "NRC_ORPHAN_GRACE": "2m",
+        "NRC_STARTUP_TIMEOUT": "10m",
+        "NRC_LOST_RUNNER_RETENTION": "30m",
+        "NRC_NOMAD_WRITE_RATE": "0",
+        "NRC_NOMAD_WRITE_CONCURRENCY": "16",
+        "NRC_NOMAD_TIMEOUT": "2.5s",
+        "NRC_WORKERS": "8",
+        "NRC_MAX_BACKOFF": "1m",
+        "NRC_EVENT_STREAM": "false",
+        "NRC_POOL_ALERT_THRESHOLD": "0.25",
+        "NRC_MAX_POOL_SIZE": "500",
+        "NRC_FAILURE_BUDGET": "5",
+        "NRC_LEADER_ELECTION": "true",
+        "NRC_LEADER_LOCK_PATH": "nrc/prod/leader",
+        "NRC_LEADER_TTL": "20s",
+        "NRC_LOG_LEVEL": "warning",
+        "NRC_LOG_FORMAT": "text",
+    }
+
+
+def test_controller_settings_mapping(pem_files: dict[str, str]) -> None:
+    s = load_settings(full_environ(pem_files))
+    assert s.controller_settings() == ControllerSettings(
+        resync_interval_s=60.0,
+        workers=8,
+        write_concurrency=16,
+        write_rate_per_s=0.0,
+        max_backoff_s=60.0,
+        leader_election=True,
+        leader_lock_path="nrc/prod/leader",
+        leader_ttl_s=20.0,
+        plan=PlanSettings(
+            orphan_grace_ns=120 * SECOND,
+            startup_timeout_ns=600 * SECOND,
+            lost_retention_ns=1800 * SECOND,
+            degraded_after=5,
+        ),
+    )
+    assert (s.api_host, s.api_port, s.api_auth_token) == ("0.0.0.0", 8080, API_TOKEN)
+    assert (s.event_stream, s.pool_alert_threshold, s.max_pool_size) == (False, 0.25, 500)
+    assert (s.log_level, s.log_format) == ("WARNING", "text")
+
+
+def test_nomad_kwargs_mapping(pem_files: dict[str, str]) -> None:
+    s = load_settings(full_environ(pem_files))
+    connection = {
+        "address": "https://nomad.internal:4646",
+        "token": NOMAD_TOKEN,
+        "namespace": "sandboxes",
+        "region": "eu",
+        "ca_cert": pem_files["ca.pem"],
+        "client_cert": pem_files["cert.pem"],
+        "client_key": pem_files["key.pem"],
+        "verify": False,
+    }
+    assert s.nomad_connection_kwargs() == connection
+    assert s.nomad_client_kwargs() == {**connection, "timeout_s": 2.5}
+    assert s.nomad_stream_kwargs() == {**connection, "connect_timeout_s": 2.5}
+
+
+def test_nomad_kwargs_defaults() -> None:
+    assert load_settings({}).nomad_client_kwargs() == {
+        "address": "http://127.0.0.1:4646",
+        "token": None,
+        "namespace": "default",
+        "region": None,
+        "ca_cert": None,
+        "client_cert": None,
+        "client_key": None,
+        "verify": True,
+        "timeout_s": 10.0,
+    }
+
+
+def test_nomad_kwargs_fit_the_constructors(pem_files: dict[str, str]) -> None:
+    # Constructing opens no connection; it fails on an unexpected keyword.
+    s = load_settings(full_environ(pem_files))
+    client = NomadClient(**s.nomad_client_kwargs())
+    assert (client.address, client.namespace) == ("https://nomad.internal:4646", "sandboxes")
+
+    def on_events(index: int, events: list[dict[str, Any]]) -> None:
+        pass
+
+    stream = EventStream(topics=["Job"], on_events=on_events, **s.nomad_stream_kwargs())
+    assert stream.address == "https://nomad.internal:4646"
+    EventStream(topics=["Job"], on_events=on_events, **s.nomad_connection_kwargs())
+
+
+# --- describe and render_table -----------------------------------------------
+
+
+def test_describe_values_and_sources() -> None:
+    environ = {"NRC_API_PORT": "8080", "NRC_STARTUP_TIMEOUT": "90", "NRC_EVENT_STREAM": "0"}
+    rows = {row.variable: row for row in describe(load_settings(environ), environ)}
+    assert list(rows) == ALL_VARIABLES
+    assert (rows["NRC_API_PORT"].value, rows["NRC_API_PORT"].source) == ("8080", "environment")
+    assert (rows["NRC_STARTUP_TIMEOUT"].value, rows["NRC_STARTUP_TIMEOUT"].default) == (
+        "1m30s",
+        "5m",
+    )
+    assert rows["NRC_EVENT_STREAM"].value == "false"
+    assert (rows["NRC_WORKERS"].value, rows["NRC_WORKERS"].source) == ("4", "default")
+    assert rows["NRC_POOL_ALERT_THRESHOLD"].value == "0.5"
+    assert rows["NOMAD_REGION"].value == "(unset)"
+    assert rows["NRC_API_PORT"].description == "Port the HTTP API listens on (1–65535)."
+
+
+def test_describe_without_environ_uses_what_was_loaded() -> None:
+    rows = {row.variable: row for row in describe(load_settings({"NRC_WORKERS": "2"}))}
+    assert rows["NRC_WORKERS"].source == "environment"
+    assert rows["NRC_API_PORT"].source == "default"
+
+
+def test_plain_table_is_aligned() -> None:
+    environ = {"NRC_API_PORT": "8080"}
+    lines = render_table(describe(load_settings(environ), environ)).splitlines()
+    assert lines[0].split() == ["VARIABLE", "VALUE", "SOURCE", "DESCRIPTION"]
+    assert len(lines) == 1 + len(ALL_VARIABLES)
+    value_at = lines[0].index("VALUE")
+    source_at = lines[0].index("SOURCE")
+    for line, var in zip(lines[1:], ALL_VARIABLES, strict=True):
+        assert line.startswith(var + " ")
+        assert line[value_at - 1] == " " and line[value_at] != " "
+        assert line[source_at:].startswith(("environment", "default"))
+    assert "8080" in next(line for line in lines if line.startswith("NRC_API_PORT "))
+
+
+def test_markdown_table_lists_every_variable_with_its_default() -> None:
+    # Loaded with non-default values: the README table must not depend on them.
+    environ = {"NRC_API_PORT": "9999", "NRC_LOG_LEVEL": "ERROR"}
+    text = render_table(describe(load_settings(environ), environ), markdown=True)
+    lines = text.splitlines()
+    assert lines[:2] == ["| variable | default | description |", "|---|---|---|"]
+    assert len(lines) == 2 + len(ALL_VARIABLES)
+    for line, var in zip(lines[2:], ALL_VARIABLES, strict=True):
+        assert line.startswith(f"| `{var}` | ")
+        assert line.endswith(" |")
+    assert "| `NRC_API_PORT` | `7200` | Port the HTTP API listens on (1–65535). |" in lines
+    assert "| `NRC_LEADER_TTL` | `15s` |" in text
+    assert "| `NOMAD_TOKEN` | (unset) |" in text
+    assert "9999" not in text and "`ERROR`" not in text
+
+
+def test_markdown_escapes_pipes() -> None:
+    row = SettingRow("NRC_X", "a|b", "default", "one | two.", "a|b")
+    assert render_table([row], markdown=True).splitlines()[2] == (
+        "| `NRC_X` | `a\\|b` | one \\| two. |"
+    )
