@@ -3,9 +3,12 @@
 Task lifecycle with Nomad's task events: `Received` → `Task Setup` →
 `Driver` → (startup delay) → `Started`; a stop is `Killing` → (stop delay) →
 `Killed` and `complete`. A task that exits (crash, OOM kill) follows the
-group's restart policy in place (`Terminated` → `Restarting` → `Started`,
-`Restarts` grows) until the attempts in the interval are used up, then
-`Not Restarting`: task dead and failed, allocation `failed`, and an
+group's restart policy in place until the attempts in the interval are used
+up: `Terminated`, then `Restarting`, which (as in Nomad's task runner) moves
+the task to `pending` for the restart delay and at once counts the restart
+(`Restarts` + 1, `LastRestart` = the event's time); after the delay `Started`
+moves it back to `running` with a new `StartedAt`. When the attempts are used
+up: `Not Restarting`, task dead and failed, allocation `failed`, and an
 `alloc-failure` evaluation lets the scheduler reschedule it.
 
 Client updates are `AllocClientUpdate` transactions (AllocationUpdated
@@ -298,8 +301,20 @@ class Client:
                 restart_reason="Restart within policy",
                 start_delay=wait,
             )
+            # Nomad's task runner: UpdateState(pending, Restarting) appends the
+            # event, which counts the restart then and there (appendEvent:
+            # Restarts++, LastRestart = the event's time), not when it starts.
             alloc = self._with_event(alloc, restarting, state=PENDING)
-            alloc = replace(alloc, client_status=PENDING, client_description="Tasks are pending")
+            states = tuple(
+                (name, replace(ts, restarts=ts.restarts + 1, last_restart=restarting.time))
+                for name, ts in alloc.task_states
+            )
+            alloc = replace(
+                alloc,
+                task_states=states,
+                client_status=PENDING,
+                client_description="Tasks are pending",
+            )
             self._update(alloc)
             self._later(alloc_id, wait / SECOND, lambda: self._restart(alloc_id))
             return True
@@ -331,29 +346,19 @@ class Client:
         return True
 
     def _restart(self, alloc_id: str) -> None:
+        """The restart delay is over: the task starts again. Moving from
+        `pending` to `running` sets a new `StartedAt`, as every start does."""
         alloc = self._current(alloc_id)
         if alloc is None or alloc.desired_status != "run" or alloc.client_terminal():
             return
         now = self.sim.clock.now_ns()
-        states = []
-        for name, ts in alloc.task_states:
-            ts = replace(
-                ts,
-                state=RUNNING,
-                restarts=ts.restarts + 1,
-                last_restart=now,
-                events=(
-                    *ts.events,
-                    TaskEvent("Started", now, display_message="Task started by client"),
-                ),
-            )
-            states.append((name, ts))
-        alloc = replace(
+        alloc = self._with_event(
             alloc,
-            task_states=tuple(states),
-            client_status=RUNNING,
-            client_description="Tasks are running",
+            TaskEvent("Started", now, display_message="Task started by client"),
+            state=RUNNING,
+            started_at=now,
         )
+        alloc = replace(alloc, client_status=RUNNING, client_description="Tasks are running")
         self._update(alloc)
 
     def on_node_down(self, node_id: str) -> None:

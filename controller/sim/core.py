@@ -153,6 +153,7 @@ class Simulator:
         self._ports = _Ports()
         self._timers: Timers | None = None
         self.requests: dict[str, int] = {}
+        self.stopped = False
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -186,10 +187,14 @@ class Simulator:
                 tx.put_node(node)
 
     def stop(self) -> None:
-        if self._timers is not None:
-            self._timers.cancel_all()
+        """Stop serving long requests: open event streams and blocked queries
+        end, and from now on new ones end at once (the HTTP server still
+        accepts connections until uvicorn notices it should exit). Idempotent."""
+        self.stopped = True
         self.broker.close_all()
         self.store.wake_all()
+        if self._timers is not None:
+            self._timers.cancel_all()
 
     @property
     def timers(self) -> Timers:

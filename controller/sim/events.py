@@ -70,6 +70,8 @@ class EventBroker:
         self._buffer: deque[JsonDict] = deque(maxlen=buffer_size)
         self._subscribers: set[Subscriber] = set()
         self.published = 0
+        # Set once the simulator stops: from then on no subscription stays open.
+        self.closed = False
 
     def on_commit(self, commit: Commit) -> None:
         event_type = MSG_EVENT_TYPES.get(commit.msg_type)
@@ -129,8 +131,15 @@ class EventBroker:
 
         As in Nomad's event buffer: index 0 replays the whole buffer, an index
         older than the buffer silently starts at the oldest frame, and one newer
-        than every frame delivers the newest frame again."""
+        than every frame delivers the newest frame again.
+
+        Once the broker is closed (the simulator is stopping) the subscriber
+        gets only the end of its stream, so a client reconnecting while the
+        server shuts down gets an answer that ends at once."""
         subscriber = Subscriber(sub)
+        if self.closed:
+            subscriber.queue.put_nowait(None)
+            return subscriber
         frames = [f for f in self._buffer if f["Index"] >= from_index]
         if not frames and self._buffer:
             frames = [self._buffer[-1]]
@@ -143,6 +152,8 @@ class EventBroker:
         self._subscribers.discard(subscriber)
 
     def close_all(self) -> None:
+        """End every open stream and every later one (shutdown)."""
+        self.closed = True
         for subscriber in self._subscribers:
             subscriber.queue.put_nowait(None)
         self._subscribers.clear()
@@ -172,15 +183,20 @@ def _envelope(
 
 
 def parse_topics(values: list[str]) -> dict[str, frozenset[str]]:
-    """`topic=Topic[:Key]`, repeatable; no topic means every topic.
+    """`topic=Topic[:Key]`, repeatable; no topic parameter means every topic.
 
-    Raises ValueError with Nomad's message for a malformed value."""
+    As Nomad's `parseTopic` (command/agent/event_endpoint.go): the value is
+    split at every colon; one part is a topic with every key, two parts are
+    topic and key, taken as they are (an empty topic matches nothing, an
+    empty key only an empty Key or FilterKey), more parts are an error.
+    Raises ValueError with Nomad's message for that."""
     if not values:
         return {"*": frozenset({"*"})}
     topics: dict[str, set[str]] = {}
     for value in values:
-        topic, sep, key = value.partition(":")
-        if not topic or (sep and not key):
-            raise ValueError(f"Invalid topic query parameter: {value}")
-        topics.setdefault(topic, set()).add(key if sep else "*")
+        parts = value.split(":")
+        if len(parts) > 2:
+            raise ValueError(f"Invalid key value pair for topic, topic: {value}")
+        topic, key = parts if len(parts) == 2 else (value, "*")
+        topics.setdefault(topic, set()).add(key)
     return {t: frozenset(k) for t, k in topics.items()}

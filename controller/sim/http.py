@@ -120,7 +120,9 @@ class Blocking:
         while True:
             index, body = compute()
             remaining = deadline - loop.time()
-            if self.min_index == 0 or index > self.min_index or remaining <= 0:
+            done = self.min_index == 0 or index > self.min_index or remaining <= 0
+            # At shutdown a blocked query answers what it has, like a timeout.
+            if done or self.sim.store.closed:
                 return json_response(body, max(index, 1))
             # A follower catches up before answering a blocking query again.
             self.at_index = None
@@ -653,6 +655,15 @@ def _wrap(
     nomad_api = template.startswith("/v1/")
 
     async def endpoint(request: Request) -> Response:
+        response = await serve(request)
+        if sim.stopped:
+            # Shutting down: no keep-alive, so a connection uvicorn accepted
+            # in its last moments closes after this answer instead of idling
+            # until the graceful-shutdown timeout.
+            response.headers["Connection"] = "close"
+        return response
+
+    async def serve(request: Request) -> Response:
         key = f"{request.method} {template}"
         sim.requests[key] = sim.requests.get(key, 0) + 1
         if nomad_api and sim.config.acl_token is not None:

@@ -4,7 +4,12 @@ thread (tests and the `dev` command), with a clean stop either way.
 
 Open event streams and blocked queries would hold uvicorn's graceful shutdown
 for their full duration, so stopping first closes them from the simulator's
-side, then lets uvicorn exit."""
+side, then lets uvicorn exit. Closing also marks the simulator stopped: uvicorn
+keeps accepting connections until its next tick (0.1 s) notices it should
+exit, and a client that reconnects in that window gets a stream (or blocking
+query) that ends at once instead of one that holds the shutdown until the
+graceful-shutdown timeout cancels it; its answer carries `Connection: close`,
+so the connection does not idle either."""
 
 from __future__ import annotations
 
@@ -128,12 +133,20 @@ class SimServer:
     def stop(self, timeout: float = 10.0) -> None:
         if self._thread is None or self._loop is None:
             return
-        loop = self._loop
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(self.sim.stop)
+        # Close the simulator's streams and blocking queries on its loop, and
+        # wait for that, before uvicorn is told to exit: every request it
+        # still accepts from then on sees a stopped simulator.
+        if self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):
+                done = asyncio.run_coroutine_threadsafe(self._close_sim(), self._loop)
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    done.result(timeout)
         self._server.should_exit = True
         self._thread.join(timeout)
         self._thread = None
+
+    async def _close_sim(self) -> None:
+        self.sim.stop()
 
     def call(self, fn: object) -> object:
         """Run a zero-argument callable on the simulator's loop and return its result."""

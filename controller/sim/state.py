@@ -121,6 +121,8 @@ class StateStore:
         # (index, monotonic time, change) newest last, for stale reads.
         self._undo: deque[tuple[int, float, Change]] = deque(maxlen=UNDO_DEPTH)
         self._in_txn = False
+        # Set at shutdown: blocking queries then answer at once.
+        self.closed = False
 
     # -- writes ---------------------------------------------------------------
 
@@ -217,7 +219,10 @@ class StateStore:
     # -- blocking queries -----------------------------------------------------
 
     async def wait_for_change(self, tables: Iterable[str], timeout: float) -> None:
-        """Return when any of `tables` is written to, or after `timeout` seconds."""
+        """Return when any of `tables` is written to, or after `timeout` seconds
+        (at once when the store is closed)."""
+        if self.closed:
+            return
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         tables = tuple(tables)
@@ -232,7 +237,8 @@ class StateStore:
                 self._waiters[t].discard(fut)
 
     def wake_all(self) -> None:
-        """Release every blocked reader (used at shutdown)."""
+        """Release every blocked reader and block no later one (shutdown)."""
+        self.closed = True
         for waiters in self._waiters.values():
             for fut in waiters:
                 if not fut.done():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import calendar
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -339,6 +341,72 @@ def test_crash_is_a_normal_exit_code(sim: SimServer) -> None:
     assert terminated["Details"]["oom_killed"] == "false"
     assert terminated["Details"]["exit_code"] == "1"
     assert got["TaskStates"]["default-task"]["Events"][-1]["Type"] == "Restarting"
+
+
+def rfc3339_ns(value: str) -> int:
+    """Go's RFC3339Nano UTC time as unix nanoseconds."""
+    base, _, frac = value.removesuffix("Z").partition(".")
+    seconds = calendar.timegm(time.strptime(base, "%Y-%m-%dT%H:%M:%S"))
+    return seconds * SECOND + int(frac.ljust(9, "0"))
+
+
+def test_restart_counts_at_restarting_and_restamps_started_at(
+    make_sim: Callable[..., SimServer],
+) -> None:
+    # Nomad's task runner: the Restarting event moves the task to `pending`
+    # and counts the restart (Restarts, LastRestart = the event's time) at the
+    # start of the delay; Started after the delay sets a new StartedAt.
+    server = make_sim(time_scale=0.001)
+    http = Http(server.address)
+    restart = {"Attempts": 2, "Interval": 3600 * SECOND, "Delay": 40 * SECOND, "Mode": "fail"}
+    http.register(runner_job("1-r", restart=restart))
+    (alloc,) = http.running("1-r")
+    first = http.alloc(alloc["ID"])["TaskStates"]["default-task"]
+    first_started = next(e for e in first["Events"] if e["Type"] == "Started")
+    assert rfc3339_ns(first["StartedAt"]) == first_started["Time"]
+    assert (first["Restarts"], first["LastRestart"]) == (0, None)
+    reader = EventReader(server.address, {"topic": f"Allocation:{alloc['ID']}"})
+    assert http.request("POST", f"/_sim/allocation/{alloc['ID']}/crash").ok
+
+    def states() -> list[tuple[str, dict[str, Any]]]:
+        return [
+            (
+                e["Payload"]["Allocation"]["ClientStatus"],
+                e["Payload"]["Allocation"]["TaskStates"]["default-task"],
+            )
+            for e in reader.events("Allocation", alloc["ID"])
+            if e["Type"] == "AllocationUpdated"
+        ]
+
+    # The client update that records Restarting, as the stream delivered it
+    # (so it is observed during the delay, however long a request takes).
+    status, delaying = wait_until(
+        lambda: [(c, t) for c, t in states() if t["Events"][-1]["Type"] == "Restarting"]
+    )[0]
+    assert [e["Type"] for e in delaying["Events"]][-2:] == ["Terminated", "Restarting"]
+    restarting = delaying["Events"][-1]
+    assert (status, delaying["State"]) == ("pending", "pending")
+    assert delaying["Restarts"] == 1
+    assert rfc3339_ns(delaying["LastRestart"]) == restarting["Time"]
+    assert delaying["StartedAt"] == first["StartedAt"]  # not started again yet
+
+    status, again = wait_until(
+        lambda: [
+            (c, t)
+            for c, t in states()
+            if [e["Type"] for e in t["Events"]][-2:] == ["Restarting", "Started"]
+        ]
+    )[0]
+    assert (status, again["State"]) == ("running", "running")
+    assert [e["Type"] for e in again["Events"]][-3:] == ["Terminated", "Restarting", "Started"]
+    restarted = again["Events"][-1]
+    assert again["Restarts"] == 1  # counted once, at Restarting
+    assert again["LastRestart"] == delaying["LastRestart"]
+    assert rfc3339_ns(again["StartedAt"]) == restarted["Time"]
+    assert restarted["Time"] - restarting["Time"] >= 40 * SECOND // 1000
+    assert rfc3339_ns(again["StartedAt"]) > rfc3339_ns(first["StartedAt"])
+    assert again["FinishedAt"] is None
+    reader.close()
 
 
 def test_node_down_loses_allocations_and_replaces_them(sim: SimServer) -> None:

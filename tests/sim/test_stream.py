@@ -125,5 +125,27 @@ def test_bad_stream_parameters(sim: SimServer) -> None:
     bad_index = http.request("GET", "/v1/event/stream", params={"index": "x"})
     assert bad_index.status_code == 400
     assert bad_index.text.startswith("Unable to parse index")
-    bad_topic = http.request("GET", "/v1/event/stream", params={"topic": "Job:"})
-    assert bad_topic.status_code == 400
+    # Nomad's parseTopic splits at every colon and refuses more than two parts.
+    # (streamed, so that a regression fails instead of reading an endless stream)
+    with http.request(
+        "GET", "/v1/event/stream", params={"topic": ["Job", "Job:1-a:extra"]}, stream=True
+    ) as bad_topic:
+        assert bad_topic.status_code == 400
+        assert bad_topic.text == (
+            "Invalid topic query: error parsing topics: "
+            "Invalid key value pair for topic, topic: Job:1-a:extra"
+        )
+
+
+def test_topic_parts_are_taken_as_they_are(sim: SimServer) -> None:
+    # `Topic:` is topic and empty key, not an error: the empty key matches
+    # what has an empty Key or FilterKey (the DeploymentID of an allocation
+    # or evaluation without a deployment), and a Job event has neither.
+    http = Http(sim.address)
+    reader = EventReader(sim.address, {"topic": ["Job:", "Allocation:"], "index": 1})
+    http.register(runner_job("1-e"))
+    http.running("1-e")
+    wait_until(lambda: reader.events("Allocation"))
+    assert {e["Topic"] for e in reader.events()} == {"Allocation"}
+    assert all(e["FilterKeys"] == ["1-e", ""] for e in reader.events())
+    reader.close()
