@@ -212,6 +212,27 @@ def test_oom_kill_ends_the_claim(sim: SimServer, make_controller: MakeController
     assert wait_until(reason, timeout=10) is LossReason.OOM_KILLED
 
 
+def test_crash_restarted_in_place_ends_the_claim(
+    sim: SimServer, make_controller: MakeController
+) -> None:
+    c = make_controller(sim)
+    c.put_environment(ENV)
+    wait_until(lambda: converged(c, sim), timeout=10)
+    runner = c.claims.claim(ENV.id, timeout_s=0)
+    idle = [v.id for v in idle_ready(c) if v.id != runner.id]
+    assert runner.alloc is not None
+    r = Http(sim.address).request("POST", f"/_sim/allocation/{runner.alloc.id}/crash")
+    assert r.status_code == 200, r.text
+
+    def reason() -> LossReason | None:
+        view = c.claims.lookup(runner.id)
+        return view.job.claim.lost_reason if view and view.job.claim else None
+
+    assert wait_until(reason, timeout=10) is LossReason.RESTARTED
+    assert c.metrics.runner_losses.labels("restarted")._value.get() == 1
+    assert set(idle) <= {v.id for v in idle_ready(c)}  # nobody else was touched
+
+
 def test_inactivity_timeout_releases(sim: SimServer, make_controller: MakeController) -> None:
     c = make_controller(sim)
     c.put_environment(ENV)
