@@ -1,0 +1,106 @@
+"""`create_app`: the HTTP API over a `Controller`.
+
+The API is Poseidon's (0.2.2) for runners, execution environments, statistics,
+health and version, under `/api/v1`, plus `GET /api/v1/runners/{id}` and, at
+the root, `/healthz`, `/readyz` and `/metrics`. It never talks to Nomad
+itself: every route calls the controller, which owns all state.
+
+Layers, outermost first: `CatchAll` (500 UNKNOWN for anything unhandled),
+`BodyLimit` (413), FastAPI's exception handlers (`controller.api.errors`),
+token authentication on the protected routers, then the routes.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from controller.api import environments, errors, health, openapi, runners
+from controller.api.auth import require_token
+from controller.api.body import MAX_BODY_BYTES, BodyLimit, BodyTooLarge, too_large_message
+from controller.reconcile.loop import Controller
+
+API_PREFIX = "/api/v1"
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("nomad-runner-controller")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+PACKAGE_VERSION = package_version()
+
+DESCRIPTION = """\
+Keeps warm pools of sandbox runners on HashiCorp Nomad and hands them to
+clients. Compatible with Poseidon's API 0.2.2 for runners (without execution
+and files), execution environments, statistics, health and version.
+
+Errors are `{"message": ..., "errorCode": ...}`; `errorCode` is one of
+Poseidon's codes, or `NOT_LEADER` (503) when this replica does not serve.
+Invalid requests are 400, bodies over 1 MiB 413.
+"""
+
+TAGS = [
+    {"name": "runner", "description": "A unit of execution."},
+    {"name": "execution environment", "description": "A template for runners."},
+    {"name": "miscellaneous", "description": "Poseidon's health, version and statistics."},
+    {"name": "operations", "description": "Probes and metrics for orchestrators."},
+]
+
+
+def create_app(
+    controller: Controller,
+    *,
+    api_token: str | None = None,
+    max_pool_size: int = 10_000,
+    pool_alert_threshold: float = 0.5,
+    version: str = PACKAGE_VERSION,
+) -> FastAPI:
+    """The API application; the caller runs it (uvicorn) and owns the controller."""
+    if max_pool_size < 0:
+        raise ValueError("max_pool_size must not be negative")
+    if not 0.0 <= pool_alert_threshold <= 1.0:
+        raise ValueError("pool_alert_threshold must be between 0 and 1")
+    app = FastAPI(
+        title="nomad-runner-controller",
+        version=version,
+        description=DESCRIPTION,
+        openapi_tags=TAGS,
+        docs_url=None,
+        redoc_url=None,
+        separate_input_output_schemas=False,
+        redirect_slashes=False,  # `/runners/` is an unknown route, not a redirect
+    )
+    protected: list[Any] = [] if api_token is None else [Depends(require_token(api_token))]
+    app.include_router(runners.router(controller, protected), prefix=API_PREFIX)
+    app.include_router(environments.router(controller, protected, max_pool_size), prefix=API_PREFIX)
+    app.include_router(environments.statistics_router(controller, protected), prefix=API_PREFIX)
+    app.include_router(
+        health.api_router(controller, pool_alert_threshold, version), prefix=API_PREFIX
+    )
+    app.include_router(health.root_router(controller))
+    errors.install(app, controller)
+
+    async def body_too_large(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, BodyTooLarge)
+        return errors.error_response(413, too_large_message(exc.limit))
+
+    # json_body answers 413 itself; this covers any other reader of the body
+    app.add_exception_handler(BodyTooLarge, body_too_large)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(errors.CatchAll)
+
+    def schema() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = openapi.build(
+                app, description=DESCRIPTION, max_pool_size=max_pool_size
+            )
+        return app.openapi_schema
+
+    app.openapi = schema  # type: ignore[method-assign]
+    return app

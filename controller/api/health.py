@@ -1,0 +1,119 @@
+"""Operational routes: Poseidon's `/api/v1/health` and `/api/v1/version`, and
+for orchestrators `/healthz` (the process is alive), `/readyz` (this replica
+serves claims) and `/metrics` (Prometheus), at the root. None needs a token.
+
+`/api/v1/health` answers 204 only when Nomad is observed, this replica leads,
+and every pool holds at least `pool_alert_threshold` of its size in ready idle
+runners; otherwise 503 with the first problem's code.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from controller.api.errors import ApiError, not_leader_message, responses
+from controller.api.models import ErrorCode, Status
+from controller.reconcile.loop import Controller
+
+
+def depleting(controller: Controller, threshold: float) -> str | None:
+    """Why some pool is below the threshold, or None."""
+    for env in controller.environments():
+        size = env.prewarming_pool_size
+        if size <= 0:
+            continue
+        idle = controller.pool_counts(env.id).idle_ready
+        if idle / size < threshold:
+            return (
+                f"the prewarming pool of execution environment {env.id} is depleting: "
+                f"{idle} of {size} runners ready"
+            )
+    return None
+
+
+def api_router(controller: Controller, pool_alert_threshold: float, version: str) -> APIRouter:
+    api = APIRouter(tags=["miscellaneous"])
+
+    @api.get(
+        "/health",
+        summary="Check if the API is available",
+        description=(
+            "503 NOMAD_UNREACHABLE when Nomad cannot be observed, NOT_LEADER when this "
+            "replica does not lead, PREWARMING_POOL_DEPLETING when a pool holds fewer "
+            f"ready idle runners than {pool_alert_threshold:g} of its size."
+        ),
+        status_code=204,
+        response_class=Response,
+        responses={204: {"description": "Everything okay."}, **responses(500, 503)},
+    )
+    def health() -> Response:
+        if controller.nomad_error() is not None:
+            raise ApiError(503, "Nomad cannot be observed", ErrorCode.NOMAD_UNREACHABLE)
+        if not controller.is_leader():
+            raise ApiError(503, not_leader_message(controller), ErrorCode.NOT_LEADER)
+        problem = depleting(controller, pool_alert_threshold)
+        if problem is not None:
+            raise ApiError(503, problem, ErrorCode.PREWARMING_POOL_DEPLETING)
+        return Response(status_code=204)
+
+    @api.get(
+        "/version",
+        summary="Retrieve the version",
+        description="The release of nomad-runner-controller, as a JSON string.",
+        response_model=str,
+        responses=responses(500),
+    )
+    def get_version() -> str:
+        return version
+
+    return api
+
+
+def root_router(controller: Controller) -> APIRouter:
+    api = APIRouter(tags=["operations"])
+
+    @api.get(
+        "/healthz",
+        summary="Liveness: the process answers",
+        response_model=Status,
+        responses=responses(500),
+    )
+    def healthz() -> Status:
+        return Status(status="ok")
+
+    @api.get(
+        "/readyz",
+        summary="Readiness: this replica serves claims",
+        description=(
+            "503 NOMAD_UNREACHABLE when Nomad cannot be observed, NOT_LEADER when this "
+            "replica does not lead or has not observed Nomad since it took the lead."
+        ),
+        response_model=Status,
+        responses=responses(500, 503),
+    )
+    def readyz() -> Status:
+        if controller.nomad_error() is not None:
+            raise ApiError(503, "Nomad cannot be observed", ErrorCode.NOMAD_UNREACHABLE)
+        if not controller.ready():
+            raise ApiError(503, not_leader_message(controller), ErrorCode.NOT_LEADER)
+        return Status(status="ok")
+
+    @api.get(
+        "/metrics",
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses={
+            200: {
+                "description": "The controller's nrc_* metrics in Prometheus' text format.",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            },
+            **responses(500),
+        },
+    )
+    def metrics() -> Response:
+        return Response(
+            generate_latest(controller.metrics.registry), media_type=CONTENT_TYPE_LATEST
+        )
+
+    return api

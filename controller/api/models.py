@@ -1,0 +1,166 @@
+"""The JSON bodies of the HTTP API, with Poseidon's field names.
+
+Request bodies are validated strictly: unknown fields, missing required
+fields and wrong JSON types are errors (a number is never read from a string,
+nor a boolean from a number). The one leniency is JSON Schema's own: an
+integer field takes a number with a zero fractional part (`5.0`), since the
+published schema allows it.
+
+Bounds beyond Poseidon's schema guard the cluster and keep every value
+representable where it ends up (Nomad's int64 fields, nanosecond deadlines).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
+
+from controller.model import Phase
+
+MAX_ID = 2**63 - 1  # ids are Go int64 in Poseidon and in clients
+# A deadline in nanoseconds (claim time + timeout) must stay within int64.
+MAX_INACTIVITY_TIMEOUT_S = (2**63 - 1) // 1_000_000_000
+MAX_RESOURCE = 2**31 - 1  # MHz / MB; far above any node, and an int everywhere
+MAX_PORT = 65535
+
+
+class ErrorCode(StrEnum):
+    """Machine-readable error codes: Poseidon's, plus NOT_LEADER."""
+
+    NOMAD_UNREACHABLE = "NOMAD_UNREACHABLE"
+    NOMAD_OVERLOAD = "NOMAD_OVERLOAD"
+    NOMAD_INTERNAL_SERVER_ERROR = "NOMAD_INTERNAL_SERVER_ERROR"
+    PREWARMING_POOL_DEPLETING = "PREWARMING_POOL_DEPLETING"
+    UNKNOWN = "UNKNOWN"
+    NOT_LEADER = "NOT_LEADER"
+
+
+def _integral(value: Any) -> Any:
+    """`5.0` → `5` (JSON Schema counts it as an integer); anything else unchanged."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Integer = Annotated[int, BeforeValidator(_integral)]
+# Constraints before the validator, or pydantic leaves them out of the JSON schema.
+Port = Annotated[int, Field(ge=1, le=MAX_PORT), BeforeValidator(_integral)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class RunnerRequest(_Request):
+    """Body of `POST /runners`."""
+
+    executionEnvironmentId: Integer = Field(
+        ge=0, le=MAX_ID, description="The execution environment of the runner."
+    )
+    inactivityTimeout: Integer = Field(
+        default=0,
+        ge=0,
+        le=MAX_INACTIVITY_TIMEOUT_S,
+        description=(
+            "Seconds without activity after which the runner is released; 0 means no "
+            "timeout. Every request that touches the runner restarts the timer."
+        ),
+    )
+
+
+class EnvironmentRequest(_Request):
+    """Body of `PUT /execution-environments/{id}`."""
+
+    id: Integer = Field(ge=0, le=MAX_ID, description="Must equal the id in the path.")
+    image: str = Field(min_length=1, description="The OCI image runners are started from.")
+    prewarmingPoolSize: Integer = Field(
+        ge=0, description="Idle runners to keep ready (at most the configured maximum)."
+    )
+    cpuLimit: float = Field(
+        gt=0,
+        le=MAX_RESOURCE,
+        allow_inf_nan=False,
+        description="CPU limit of one runner in MHz; a fraction is rounded up to a whole MHz.",
+    )
+    memoryLimit: Integer = Field(gt=0, le=MAX_RESOURCE, description="Memory of one runner in MB.")
+    networkAccess: bool = Field(description="Whether runners may reach the network.")
+    exposedPorts: list[Port] = Field(
+        description=(
+            "Ports inside the runner to publish, without duplicates. Published only with "
+            "networkAccess; without it the environment is stored with none."
+        ),
+        json_schema_extra={"uniqueItems": True},
+    )
+
+    @field_validator("exposedPorts")
+    @classmethod
+    def _no_duplicates(cls, ports: list[int]) -> list[int]:
+        if len(set(ports)) != len(ports):
+            raise ValueError("ports must not repeat")
+        return ports
+
+
+class Error(BaseModel):
+    """Every error answer: a message for people, and a code for some."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    message: str
+    errorCode: ErrorCode | SkipJsonSchema[None] = None
+
+
+class MappedPort(BaseModel):
+    exposedPort: int = Field(ge=0, le=MAX_PORT, description="The port inside the runner.")
+    hostAddress: str = Field(description="Where it is reachable: `ip:port`.")
+
+
+class RunnerCreated(BaseModel):
+    runnerId: str
+    mappedPorts: list[MappedPort]
+
+
+class RunnerStatus(BaseModel):
+    """A claimed runner as the controller sees it (not part of Poseidon's API)."""
+
+    runnerId: str
+    executionEnvironmentId: int
+    status: Phase = Field(description="The runner's phase, derived from all its allocations.")
+    allocationId: str | None = Field(description="Its current allocation, if any.")
+    nodeName: str | None = Field(description="The node of its current allocation, if any.")
+    claimedAt: datetime | None = Field(
+        description="When it was claimed (UTC); null for claims adopted from Poseidon."
+    )
+    inactivityTimeout: int = Field(description="Seconds; 0 means no timeout.")
+
+
+class ExecutionEnvironment(BaseModel):
+    """An execution environment as stored in its Nomad template job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: int
+    image: str
+    prewarmingPoolSize: int
+    cpuLimit: int
+    memoryLimit: int
+    networkAccess: bool
+    exposedPorts: list[int]
+
+
+class EnvironmentList(BaseModel):
+    executionEnvironments: list[ExecutionEnvironment]
+
+
+class EnvironmentStatistics(BaseModel):
+    id: int
+    prewarmingPoolSize: int
+    idleRunners: int = Field(description="Idle runners that are ready to be handed out.")
+    usedRunners: int = Field(description="Runners claimed by clients (lost ones not counted).")
+
+
+class Status(BaseModel):
+    status: str = Field(examples=["ok"])

@@ -1,0 +1,169 @@
+"""Runner routes: claim one (`POST /runners`), look at it, give it back.
+
+A runner is handed to one client only (the controller's claim is an
+EnforceIndex write). Every request that touches a claimed runner restarts its
+inactivity timer. A runner whose file system was reset while claimed (migrated,
+restarted, OOM-killed, rescheduled, its node lost) is *lost*: it answers 410
+with the reason until the client deletes it, which acknowledges the loss.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Response
+
+from controller.api.body import json_body, request_body
+from controller.api.errors import ApiError, responses
+from controller.api.models import (
+    ErrorCode,
+    MappedPort,
+    RunnerCreated,
+    RunnerRequest,
+    RunnerStatus,
+)
+from controller.model import SECOND, LossReason, RunnerView
+from controller.reconcile.claims import NoRunnerAvailable, NotLeader, UnknownEnvironment
+from controller.reconcile.loop import Controller
+
+log = logging.getLogger(__name__)
+
+LOSS_DESCRIPTIONS = {
+    LossReason.MIGRATED: "its allocation was migrated to another node; its file system was reset",
+    LossReason.RESCHEDULED: "its allocation failed and was replaced; its file system was reset",
+    LossReason.RESTARTED: "its task restarted; its file system was reset",
+    LossReason.OOM_KILLED: "its task exceeded its memory limit, was killed and restarted; "
+    "its file system was reset",
+    LossReason.JOB_STOPPED: "its Nomad job was stopped",
+    LossReason.LOST: "its node or its allocation was lost; its file system was reset",
+}
+
+RunnerId = Annotated[
+    str, Path(description="The runner's id (its Nomad job id).", examples=["7-<uuid>"])
+]
+
+RunnerBody = Annotated[RunnerRequest, Depends(json_body(RunnerRequest))]
+
+
+def lost_message(runner_id: str, reason: LossReason) -> str:
+    return f"runner {runner_id} was lost: {reason.value} ({LOSS_DESCRIPTIONS[reason]})"
+
+
+def gone_message(runner_id: str) -> str:
+    return f"runner {runner_id} is unknown or was released"
+
+
+def claimed_at(ns: int) -> datetime | None:
+    if ns <= 0:
+        return None  # adopted from Poseidon: the claim time is unknown
+    seconds, rest = divmod(ns, SECOND)
+    return datetime.fromtimestamp(seconds, UTC) + timedelta(microseconds=rest // 1000)
+
+
+def router(controller: Controller, dependencies: list[Any]) -> APIRouter:
+    api = APIRouter(prefix="/runners", tags=["runner"], dependencies=dependencies)
+
+    def claimed(runner_id: str) -> RunnerView:
+        """The claimed runner, or 410; only a serving replica answers (its timers count)."""
+        if not controller.ready():
+            raise NotLeader
+        view = controller.claims.lookup(runner_id)
+        if view is None or view.job.claim is None:
+            raise ApiError(410, gone_message(runner_id))
+        if view.job.claim.lost_reason is not None:
+            raise ApiError(410, lost_message(runner_id, view.job.claim.lost_reason))
+        return view
+
+    @api.post(
+        "",
+        summary="Provide a runner",
+        description=(
+            "Hands a ready idle runner of the environment to the client; the pool refills. "
+            "An empty pool is 500 NOMAD_OVERLOAD (Poseidon's code): retry later."
+        ),
+        response_model=RunnerCreated,
+        responses=responses(400, 404, 413, 500, 503),
+        openapi_extra=request_body(RunnerRequest, "The environment and the inactivity timeout."),
+    )
+    def provide(body: RunnerBody) -> RunnerCreated:
+        env_id = body.executionEnvironmentId
+        try:
+            view = controller.claims.claim(env_id, body.inactivityTimeout)
+        except UnknownEnvironment:
+            raise ApiError(404, f"execution environment {env_id} does not exist") from None
+        except NoRunnerAvailable:
+            raise ApiError(
+                500,
+                f"no idle runner of execution environment {env_id} is ready; retry later",
+                ErrorCode.NOMAD_OVERLOAD,
+            ) from None
+        log.info(
+            "claimed runner %s of environment %s",
+            view.id,
+            env_id,
+            extra={"runner_id": view.id, "environment_id": env_id},
+        )
+        ports = view.alloc.ports if view.alloc else ()
+        return RunnerCreated(
+            runnerId=view.id,
+            mappedPorts=[
+                MappedPort(exposedPort=p.exposed_port, hostAddress=p.host_address) for p in ports
+            ],
+        )
+
+    @api.get(
+        "/{runnerId}",
+        summary="Show a claimed runner",
+        description=(
+            "Not part of Poseidon's API. Where the runner runs and since when it is claimed. "
+            "Restarts its inactivity timer."
+        ),
+        response_model=RunnerStatus,
+        responses=responses(410, 503),
+    )
+    def show(runnerId: RunnerId) -> RunnerStatus:
+        view = claimed(runnerId)
+        controller.claims.touch(runnerId)
+        claim = view.job.claim
+        assert claim is not None
+        return RunnerStatus(
+            runnerId=view.id,
+            executionEnvironmentId=view.env_id,
+            status=view.phase,
+            allocationId=view.alloc.id if view.alloc else None,
+            nodeName=view.node_name or None,
+            claimedAt=claimed_at(claim.claimed_at),
+            inactivityTimeout=claim.timeout,
+        )
+
+    @api.delete(
+        "/{runnerId}",
+        summary="Destroy the runner",
+        description=(
+            "The runner is no longer in use and is destroyed. Deleting a lost runner "
+            "acknowledges its loss (204)."
+        ),
+        status_code=204,
+        response_class=Response,
+        responses={
+            204: {"description": "The runner was released."},
+            **responses(410, 500, 503),
+        },
+    )
+    def destroy(runnerId: RunnerId) -> Response:
+        runner_id = runnerId
+        view = controller.claims.lookup(runner_id)
+        if not controller.claims.release(runner_id):
+            raise ApiError(410, gone_message(runner_id))
+        env_id = view.env_id if view else None
+        log.info(
+            "released runner %s of environment %s",
+            runner_id,
+            env_id,
+            extra={"runner_id": runner_id, "environment_id": env_id},
+        )
+        return Response(status_code=204)
+
+    return api
