@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/nomad-runner-controller sim
+	$(BIN)/nomad-runner-controller dev
 
 sim: run
 

@@ -85,7 +85,50 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TOKEN",
         help="require this X-Nomad-Token on every /v1 request (403 otherwise)",
     )
+    commands.add_parser(
+        "run",
+        help="run the controller against the Nomad named by NOMAD_ADDR",
+        description="Keep the runner pools of the Nomad cluster named by NOMAD_ADDR and "
+        "serve the API on NRC_API_HOST:NRC_API_PORT until SIGINT or SIGTERM. Every setting "
+        "is an environment variable: see `nomad-runner-controller config`.",
+    )
+    commands.add_parser(
+        "dev",
+        help="the simulator, the controller against it and a demo environment, in one process",
+        description="Start a simulated Nomad in this process, the controller against it and "
+        "one demo environment (pool 5); print the URLs and curl lines to try it. Ctrl-C stops.",
+    )
+    config = commands.add_parser(
+        "config",
+        help="print every setting with its value, source and description",
+        description="Print every setting (environment variable) with its current value, where "
+        "the value comes from, and what it does. Tokens are never shown.",
+    )
+    config.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the README's table instead (variable, default, description)",
+    )
     return parser
+
+
+def _settings() -> Any:
+    """The settings from the environment, or exit 2 with one line per problem."""
+    from controller.config import ConfigError, load_settings
+
+    try:
+        return load_settings()
+    except ConfigError as exc:
+        print(f"nomad-runner-controller: invalid configuration:\n{exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def run_config(args: argparse.Namespace) -> int:
+    from controller.config import describe, render_table
+
+    settings = _settings()
+    print(render_table(describe(settings), markdown=args.markdown))
+    return 0
 
 
 def run_sim(args: argparse.Namespace) -> int:
@@ -114,6 +157,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "sim":
         return run_sim(args)
+    if args.command == "config":
+        return run_config(args)
+    if args.command in ("run", "dev"):
+        from controller import service
+
+        settings = _settings()
+        return service.run(settings) if args.command == "run" else service.dev(settings)
     return 2  # argparse rejects unknown commands before this
 
 

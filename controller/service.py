@@ -1,0 +1,199 @@
+"""The controller as a running service: the Nomad gateway and event stream,
+the reconcile loop, and the HTTP API on uvicorn — against a real Nomad
+(`run`) or against the simulator started in the same process (`dev`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shlex
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from controller.api.app import create_app
+from controller.config import Settings
+from controller.logs import configure_logging
+from controller.metrics import Metrics
+from controller.model import Environment
+from controller.nomad.client import NomadClient
+from controller.nomad.stream import EventStream
+from controller.reconcile.loop import EVENT_TOPICS, Controller, EventSource, StreamFactory
+
+log = logging.getLogger(__name__)
+
+DEMO_ENVIRONMENT = Environment(
+    id=1,
+    image="python:3.12-slim",
+    cpu_limit=100,
+    memory_limit=256,
+    network_access=False,
+    exposed_ports=(),
+    prewarming_pool_size=5,
+)
+
+
+@dataclass
+class Service:
+    settings: Settings
+    controller: Controller
+    app: FastAPI
+
+
+def build(settings: Settings, nomad_address: str | None = None) -> Service:
+    """Wire the parts; nothing starts yet."""
+    metrics = Metrics()
+    connection = settings.nomad_client_kwargs()
+    stream_kwargs = settings.nomad_stream_kwargs()
+    if nomad_address is not None:
+        connection["address"] = stream_kwargs["address"] = nomad_address
+    gateway = NomadClient(**connection, on_request=metrics.record_request)
+    factory: StreamFactory | None = None
+    if settings.event_stream:
+
+        def factory(
+            on_events: Callable[[int, list[dict[str, Any]]], None],
+            on_state: Callable[[bool], None],
+            start_index: int,
+        ) -> EventSource:
+            return EventStream(
+                **stream_kwargs,
+                topics=EVENT_TOPICS,
+                on_events=on_events,
+                on_state=on_state,
+                start_index=start_index,
+            )
+
+    controller = Controller(
+        gateway, settings.controller_settings(), metrics=metrics, stream_factory=factory
+    )
+    app = create_app(
+        controller,
+        api_token=settings.api_auth_token,
+        max_pool_size=settings.max_pool_size,
+        pool_alert_threshold=settings.pool_alert_threshold,
+    )
+    return Service(settings, controller, app)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, telling us once it listens (so `dev` prints working URLs), and
+    exiting 0 on SIGINT/SIGTERM: a requested stop is a clean stop (uvicorn
+    itself re-raises the signal after shutting down)."""
+
+    def __init__(self, config: uvicorn.Config, on_started: Callable[[str], None] | None) -> None:
+        super().__init__(config)
+        self._on_started = on_started
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        stop = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in stop}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self._on_started is not None:
+            host, port = self.config.host, self.config.port
+            for server in self.servers:
+                for sock in server.sockets:
+                    port = sock.getsockname()[1]
+            self._on_started(f"http://{host}:{port}")
+
+
+def serve(service: Service, on_started: Callable[[str], None] | None = None) -> int:
+    """Run until SIGINT/SIGTERM; stop the loop cleanly; 0 on a clean stop."""
+    s = service.settings
+    config = uvicorn.Config(
+        service.app,
+        host=s.api_host,
+        port=s.api_port,
+        log_config=None,  # our handlers, our format
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+    server = _Server(config, on_started)
+    service.controller.start()
+    try:
+        server.run()
+    finally:
+        service.controller.stop()
+    if not server.started:
+        log.error("the API could not listen on %s:%d", s.api_host, s.api_port)
+        return 1
+    return 0
+
+
+def run(settings: Settings) -> int:
+    configure_logging(settings.log_level, settings.effective_log_format)
+    log.info("controller against Nomad at %s", settings.nomad_addr)
+    return serve(build(settings))
+
+
+def dev(settings: Settings) -> int:
+    """The simulator in this process, the controller against it, a demo pool."""
+    from controller.sim import SimConfig, SimServer
+
+    configure_logging(settings.log_level, settings.effective_log_format)
+    sim = SimServer(SimConfig(nodes=3, startup_delay_ms=500.0, stop_delay_ms=200.0))
+    sim.start()
+    try:
+        # One replica, nothing to elect against.
+        service = build(replace_settings(settings, leader_election=False), sim.address)
+
+        def started(api: str) -> None:
+            service.controller.put_environment(DEMO_ENVIRONMENT)
+            print(dev_banner(api, sim.address, settings.api_auth_token), flush=True)
+
+        return serve(service, started)
+    finally:
+        sim.stop()
+
+
+def replace_settings(settings: Settings, **changes: Any) -> Settings:
+    return settings.model_copy(update=changes)
+
+
+def dev_banner(api: str, nomad: str, token: str | None) -> str:
+    env = DEMO_ENVIRONMENT
+    auth = f"-H {shlex.quote('Authorization: Bearer ' + token)} " if token else ""
+    body = (
+        '{"id": 2, "image": "python:3.12-slim", "prewarmingPoolSize": 3, '
+        '"cpuLimit": 100, "memoryLimit": 256, "networkAccess": false, "exposedPorts": []}'
+    )
+    claim = f'{{"executionEnvironmentId": {env.id}, "inactivityTimeout": 60}}'
+    json_header = "-H 'Content-Type: application/json' "
+    return "\n".join(
+        [
+            "nomad-runner-controller dev: the controller against an in-process Nomad simulator",
+            f"  API        {api}/api/v1  (OpenAPI: {api}/openapi.json)",
+            f"  metrics    {api}/metrics",
+            f"  simulator  {nomad}  (NOMAD_ADDR for the nomad CLI or python-nomad)",
+            f"  demo environment {env.id}: pool of {env.prewarming_pool_size} runners",
+            "",
+            "# create an environment",
+            f"curl -s -X PUT {auth}{json_header}-d {shlex.quote(body)} "
+            f"{api}/api/v1/execution-environments/2",
+            "# claim a runner",
+            f"RUNNER_ID=$(curl -s -X POST {auth}{json_header}-d {shlex.quote(claim)} "
+            f"{api}/api/v1/runners | python3 -c 'import json,sys; print(json.load(sys.stdin)"
+            '["runnerId"])\'); echo $RUNNER_ID',
+            "# release it",
+            f'curl -s -X DELETE {auth}{api}/api/v1/runners/"$RUNNER_ID"',
+            "",
+            "Ctrl-C stops everything.",
+        ]
+    )
