@@ -40,6 +40,12 @@ def registered(sim: SimServer) -> int:
     return int(Http(sim.address).get("/_sim/stats")["JobsRegisteredTotal"])
 
 
+def lost_reason(c: Controller, runner_id: str) -> LossReason | None:
+    """Why a claimed runner was lost, once the controller has ended its claim."""
+    view = c.claims.lookup(runner_id)
+    return view.job.claim.lost_reason if view and view.job.claim else None
+
+
 def one_more_pass(c: Controller, env_id: int) -> None:
     passes = c.passes
     c.enqueue(env_id)
@@ -177,14 +183,7 @@ def test_drain_loses_claimed_runner_and_migrates_idle_ones(
     assert idle_on_node, "spread placement puts idle runners on both nodes"
     drain(sim, node)
 
-    def lost() -> bool:
-        view = c.claims.lookup(runner.id)
-        return bool(view and view.job.claim and view.job.claim.lost_reason)
-
-    wait_until(lost, timeout=10)
-    view = c.claims.lookup(runner.id)
-    assert view is not None and view.job.claim is not None
-    assert view.job.claim.lost_reason is LossReason.MIGRATED
+    assert wait_until(lambda: lost_reason(c, runner.id), timeout=10) is LossReason.MIGRATED
     # idle runners on the drained node keep their jobs and serve from new allocations
     wait_until(lambda: {v.id for v in idle_ready(c, env.id)} >= idle_on_node, timeout=10)
     for v in idle_ready(c, env.id):
@@ -205,11 +204,7 @@ def test_oom_kill_ends_the_claim(sim: SimServer, make_controller: MakeController
     r = Http(sim.address).request("POST", f"/_sim/allocation/{runner.alloc.id}/oom")
     assert r.status_code == 200, r.text
 
-    def reason() -> LossReason | None:
-        view = c.claims.lookup(runner.id)
-        return view.job.claim.lost_reason if view and view.job.claim else None
-
-    assert wait_until(reason, timeout=10) is LossReason.OOM_KILLED
+    assert wait_until(lambda: lost_reason(c, runner.id), timeout=10) is LossReason.OOM_KILLED
 
 
 def test_crash_restarted_in_place_ends_the_claim(
@@ -224,11 +219,7 @@ def test_crash_restarted_in_place_ends_the_claim(
     r = Http(sim.address).request("POST", f"/_sim/allocation/{runner.alloc.id}/crash")
     assert r.status_code == 200, r.text
 
-    def reason() -> LossReason | None:
-        view = c.claims.lookup(runner.id)
-        return view.job.claim.lost_reason if view and view.job.claim else None
-
-    assert wait_until(reason, timeout=10) is LossReason.RESTARTED
+    assert wait_until(lambda: lost_reason(c, runner.id), timeout=10) is LossReason.RESTARTED
     assert c.metrics.runner_losses.labels("restarted")._value.get() == 1
     assert set(idle) <= {v.id for v in idle_ready(c)}  # nobody else was touched
 
@@ -312,11 +303,7 @@ def test_node_down_loses_the_claimed_runner(
     r = Http(sim.address).request("POST", f"/_sim/node/{runner.alloc.node_id}/down")
     assert r.status_code == 200, r.text
 
-    def reason() -> LossReason | None:
-        view = c.claims.lookup(runner.id)
-        return view.job.claim.lost_reason if view and view.job.claim else None
-
-    assert wait_until(reason, timeout=10) is LossReason.LOST
+    assert wait_until(lambda: lost_reason(c, runner.id), timeout=10) is LossReason.LOST
     wait_until(lambda: len(idle_ready(c)) == ENV.prewarming_pool_size, timeout=10)
 
 
