@@ -130,11 +130,6 @@ class Claims:
             if view is not None:
                 self._metrics.claims.labels("claimed").inc()
                 self._metrics.claim_seconds.observe(self._clock.monotonic() - started)
-                log.info(
-                    "claimed runner %s",
-                    view.id,
-                    extra={"runner_id": view.id, "environment_id": env_id},
-                )
                 self._on_change(env_id)
                 return view
         self._metrics.claims.labels("empty").inc()
@@ -225,7 +220,6 @@ class Claims:
         self._observer.forget(runner_id)
         self.forget(runner_id)
         self._metrics.jobs_deleted.labels("released").inc()
-        log.info("released runner %s", runner_id, extra={"runner_id": runner_id})
         self._on_change(view.env_id)
         return True
 
