@@ -144,6 +144,38 @@ def test_fifty_concurrent_claims_on_a_pool_of_twenty(
     assert c.metrics.invariant_violations.labels("claimed_in_pool")._value.get() == 0
 
 
+def test_claims_from_two_replicas_never_share_a_runner(
+    sim: SimServer, make_controller: MakeController
+) -> None:
+    """Only EnforceIndex stands between two processes claiming from one pool."""
+    a = make_controller(sim)
+    env = Environment(id=16, image="python:3.12", prewarming_pool_size=20)
+    a.put_environment(env)
+    wait_until(lambda: converged(a, sim, env), timeout=10)
+    b = make_controller(sim, workers=0)  # a second process that only claims
+    wait_until(lambda: len(idle_ready(b, env.id)) == 20, timeout=10)
+    http = Http(sim.address)
+    for node in http.get("/v1/nodes"):
+        http.request(
+            "POST", f"/v1/node/{node['ID']}/eligibility", json={"Eligibility": "ineligible"}
+        ).raise_for_status()
+    barrier = threading.Barrier(40)
+
+    def claim(n: int) -> str | None:
+        replica = a if n % 2 else b
+        barrier.wait()
+        try:
+            return replica.claims.claim(env.id, timeout_s=0).id
+        except NoRunnerAvailable:
+            return None
+
+    with ThreadPoolExecutor(40) as pool:
+        won = [r for r in pool.map(claim, range(40)) if r is not None]
+    assert len(won) == len(set(won)) == 20
+    conflicts = sum(c.metrics.claims.labels("conflict")._value.get() for c in (a, b))
+    assert conflicts > 0, "both replicas raced for the same runners"
+
+
 def test_unknown_environment_and_not_leader(
     sim: SimServer, make_controller: MakeController
 ) -> None:
