@@ -9,6 +9,8 @@ start-up (at 0), so a rate() over it exists before the first occurrence.
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from controller.model import LossReason
@@ -241,7 +243,8 @@ class Metrics:
 
     def drop_environment(self, env_id: int) -> None:
         label = str(env_id)
-        for state in RUNNER_STATES:
-            self.runners.remove(label, state)
-        for gauge in (self.pool_desired, self.environment_degraded):
-            gauge.remove(label)
+        with contextlib.suppress(KeyError):  # never initialised: nothing to drop
+            for state in RUNNER_STATES:
+                self.runners.remove(label, state)
+            for gauge in (self.pool_desired, self.environment_degraded):
+                gauge.remove(label)

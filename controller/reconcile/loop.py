@@ -173,6 +173,13 @@ class Controller:
         self._leader_since = self.clock.monotonic() if leader else float("inf")
         if leader:
             self._resync_now.set()
+            return
+        # Pool gauges describe what the leader sees; a follower exports none
+        # rather than numbers frozen at the moment it lost the lock.
+        with self._lock:
+            gauged, self._gauged = set(self._gauged), set()
+        for env_id in gauged:
+            self.metrics.drop_environment(env_id)
 
     # -- triggers -------------------------------------------------------------------
 
@@ -245,16 +252,23 @@ class Controller:
                 added = self._added_at.pop(env_id, started)
             self.metrics.queue_wait_seconds.labels(QUEUE).observe(started - added)
             with log_context(environment_id=env_id, reconcile_id=next(self._pass_ids)):
+                if not self.is_leader():
+                    # A follower takes keys off the queue but does not reconcile;
+                    # its passes are not counted as reconciles.
+                    self.queue.forget(env_id)
+                    self.queue.done(env_id)
+                    continue
                 try:
                     ok = self.reconcile(env_id)
                 except Exception:
                     ok = False
-                    self.metrics.reconcile_errors.labels(CONTROLLER).inc()
                     log.warning("pass failed; retrying with backoff", exc_info=True)
                 if ok:
                     self.queue.forget(env_id)
                     self.metrics.reconcile_total.labels(CONTROLLER, "success").inc()
                 else:
+                    # A raised error or a write that failed: the pass is retried.
+                    self.metrics.reconcile_errors.labels(CONTROLLER).inc()
                     self.metrics.reconcile_total.labels(CONTROLLER, "error").inc()
                     self.metrics.queue_retries.labels(QUEUE).inc()
                     self.queue.add_rate_limited(env_id)

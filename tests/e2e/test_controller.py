@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from controller.model import Environment, LossReason, Phase, RunnerView
 from controller.nomad import jobs
@@ -316,6 +317,8 @@ def test_two_controllers_with_leader_election_exactly_one_acts(
     wait_until(lambda: converged(leader, sim), timeout=10)
     assert registered(sim) == 1 + ENV.prewarming_pool_size
     assert follower.passes == 0
+    assert 'nrc_runners{environment="11"' not in generate_latest(follower.metrics.registry).decode()
+    assert 'nrc_runners{environment="11"' in generate_latest(leader.metrics.registry).decode()
     leader.stop()
     wait_until(follower.is_leader, timeout=10)
     wait_until(follower.ready, timeout=5)
