@@ -72,8 +72,11 @@ def router(controller: Controller, dependencies: list[Any]) -> APIRouter:
         view = controller.claims.lookup(runner_id)
         if view is None or view.job.claim is None:
             raise ApiError(410, gone_message(runner_id))
-        if view.job.claim.lost_reason is not None:
-            raise ApiError(410, lost_message(runner_id, view.job.claim.lost_reason))
+        # A reset the controller has derived but not yet written down is a loss
+        # already: never serve the claim from the replacement allocation.
+        reason = view.job.claim.lost_reason or view.reset
+        if reason is not None:
+            raise ApiError(410, lost_message(runner_id, reason))
         return view
 
     @api.post(

@@ -334,7 +334,10 @@ class Controller:
         degraded: bool,
     ) -> None:
         m = self.metrics
-        for invariant, n in self.claims.check(views).items():
+        # The newest snapshot, not the pass's: it already shows a claim made
+        # while this pass was planning, which the pass's own views predate.
+        current = self.observer.snapshot.views(env_id)
+        for invariant, n in self.claims.check(current).items():
             if n:
                 m.invariant_violations.labels(invariant).inc(n)
         if not exists and not views:
@@ -405,13 +408,18 @@ class Controller:
         template = self.observer.snapshot.templates.get(env_id)
         return template.env if template else None
 
+    def _known(self) -> Snapshot:
+        """The snapshot, listing Nomad first if it never was: before that an
+        empty snapshot would say that no environment exists."""
+        return self.observer.snapshot if self.observer.observed_once else self.observer.current()
+
     def put_environment(self, env: Environment) -> bool:
         """Create or replace an environment's template; True when it is new.
         Claimed runners keep running; idle ones built from an older template
         are replaced by the next pass."""
         if not self.is_leader():
             raise NotLeader
-        created = self.observer.snapshot.templates.get(env.id) is None
+        created = self._known().templates.get(env.id) is None
         spec = jobs.template_job(env)
         result = self.gateway.register_job(spec)
         spec["JobModifyIndex"] = result.job_modify_index
@@ -423,7 +431,7 @@ class Controller:
         """Delete the template; idle runners go at once, claimed ones when released."""
         if not self.is_leader():
             raise NotLeader
-        if self.observer.snapshot.templates.get(env_id) is None:
+        if self._known().templates.get(env_id) is None:
             return False
         self.gateway.deregister_job(jobs.template_job_id(env_id), purge=True)
         self.observer.forget(jobs.template_job_id(env_id))
