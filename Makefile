@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run sim test lint typecheck unit clean
+.PHONY: run sim test lint typecheck unit chaos clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ unit: $(STAMP)
 	$(BIN)/pytest
 
 test: lint typecheck unit
+
+# More chaos seeds than CI runs: make chaos SEEDS=200
+SEEDS ?= 50
+chaos: $(STAMP)
+	$(BIN)/pytest tests/chaos -q --chaos-seeds=$(SEEDS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,587 @@
+"""The actors of a chaos run: API clients that claim, touch and release
+runners, and the operator who changes environments and breaks Nomad.
+
+Each actor runs its own part of the scenario's timeline on its own thread, so
+clients race each other, the operator and the controller. Everything a client
+is handed is recorded in the `Book`, which checks on the spot what it can
+(nobody is handed a runner that somebody else was handed; a held runner
+answers from the allocation it was claimed on, or 410 with a plausible reason;
+it never vanishes).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.sim import SimServer
+from tests.chaos.harness import (
+    RUNNER_ID,
+    Answer,
+    Api,
+    ControllerProcess,
+    Ledger,
+    config_meta,
+)
+from tests.chaos.scenario import (
+    OPERATOR,
+    Action,
+    Claim,
+    DeleteEnv,
+    Drain,
+    KillTask,
+    NodeDown,
+    NodeUp,
+    PutEnv,
+    Release,
+    RestartController,
+    Scenario,
+    SetFaults,
+    Step,
+    StopAlloc,
+    Touch,
+    Undrain,
+)
+
+LOST = re.compile(r"was lost: (\w+)")
+NO_LEADER = "No cluster leader"
+FAULTS_OFF = {
+    "http_error_rate": 0.0,
+    "http_latency_ms": 0.0,
+    "stale_read_rate": 0.0,
+    "event_duplicate_rate": 0.0,
+    "event_stream_cut_every": 0,
+    "heartbeat_loss": False,
+    "migration_ordering": "production",
+}
+
+
+def pause(stop: threading.Event, seconds: float) -> None:
+    """Let scenario time pass (the workload's pacing, not synchronisation)."""
+    if seconds > 0:
+        stop.wait(seconds)
+
+
+@dataclass
+class FaultLog:
+    """What the operator did to which allocation or node: what makes a loss plausible."""
+
+    oom: set[str] = field(default_factory=set)
+    crashed: set[str] = field(default_factory=set)
+    stopped: set[str] = field(default_factory=set)
+    drained: set[str] = field(default_factory=set)
+    down: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, kind: str, target: str) -> None:
+        with self._lock:
+            getattr(self, kind).add(target)
+
+    def plausible(self, alloc_id: str, node_id: str) -> set[str]:
+        """The loss reasons that what happened to this allocation and its node can explain."""
+        with self._lock:
+            out: set[str] = set()
+            if alloc_id in self.oom:
+                out |= {"oom_killed", "restarted", "rescheduled", "lost"}
+            if alloc_id in self.crashed:
+                out |= {"restarted", "rescheduled", "lost"}
+            if alloc_id in self.stopped or node_id in self.drained:
+                out |= {"migrated", "lost"}
+            if node_id in self.down:
+                out |= {"lost", "rescheduled"}
+            return out
+
+
+@dataclass
+class Held:
+    """A runner a client was handed and has not given back (204)."""
+
+    runner_id: str
+    env_id: int
+    client: str
+    timeout: int
+    last_touch: float  # monotonic: sending of the claim, or of the last GET answered 200
+    lost_reason: str = ""
+    # A DELETE of it was sent and may have happened (no answer yet, or none at all).
+    release_sent: bool = False
+    gone: bool = False  # answered 410 unknown or released (for a good reason)
+
+
+class Book:
+    """Every runner handed out, to whom, and every violation seen on the way."""
+
+    def __init__(self, ledger: Ledger, faults: FaultLog) -> None:
+        self.ledger = ledger
+        self.faults = faults
+        self._lock = threading.Lock()
+        self.ever: dict[str, str] = {}  # runner id → the client it was handed to
+        self.held: dict[str, Held] = {}
+        self.released: set[str] = set()
+        self.violations: list[str] = []
+        self.counts: Counter[str] = Counter()
+        # 200 answers naming another allocation than the claim's:
+        # (runner, allocation answered, allocation claimed on, status answered)
+        self.moved: list[tuple[str, str, str, str]] = []
+
+    def violation(self, text: str) -> None:
+        with self._lock:
+            self.violations.append(text)
+
+    def count(self, what: str) -> None:
+        with self._lock:
+            self.counts[what] += 1
+
+    def handed(self, client: str, runner_id: str, env_id: int, timeout: int, sent: float) -> None:
+        rec = self.ledger.runner(runner_id)
+        with self._lock:
+            self.counts["claimed"] += 1
+            if runner_id in self.ever:
+                self.violations.append(
+                    f"invariant 1: runner {runner_id} handed to {client} after it was handed "
+                    f"to {self.ever[runner_id]}"
+                )
+            self.ever[runner_id] = client
+            self.held[runner_id] = Held(runner_id, env_id, client, timeout, sent)
+        if not RUNNER_ID.match(runner_id) or not runner_id.startswith(f"{env_id}-"):
+            self.violation(f"claim for environment {env_id} answered runner {runner_id}")
+        if rec is None or rec.claims != 1:
+            self.violation(
+                f"invariant 1: runner {runner_id} handed to {client} but Nomad shows "
+                f"{0 if rec is None else rec.claims} claims of it"
+            )
+
+    def holding(self, client: str) -> list[Held]:
+        with self._lock:
+            return [h for h in self.held.values() if h.client == client and not h.gone]
+
+    def all_held(self) -> list[Held]:
+        with self._lock:
+            return [h for h in self.held.values() if not h.gone]
+
+    def release_done(self, runner_id: str) -> None:
+        with self._lock:
+            self.held.pop(runner_id, None)
+            self.released.add(runner_id)
+
+    def judge(self, held: Held, sent: float, answer: Answer, final: bool = False) -> None:
+        """Check one answer about a held runner (GET, or a DELETE's 410)."""
+        rid = held.runner_id
+        if answer.status == 200:
+            body = answer.body if isinstance(answer.body, dict) else {}
+            rec = self.ledger.runner(rid)
+            if body.get("executionEnvironmentId") != held.env_id:
+                self.violation(f"runner {rid}: answered environment {body} not {held.env_id}")
+            if rec is None or rec.claims != 1:
+                self.violation(f"invariant 1: runner {rid} is served but Nomad has no claim of it")
+            elif body.get("allocationId") != rec.claim_alloc:
+                # Served from another allocation than the claim's: judged at the end,
+                # when Nomad shows whether the loss was reported after all (a known
+                # issue, see test_known_issues.py) or never.
+                with self._lock:
+                    self.moved.append(
+                        (
+                            rid,
+                            str(body.get("allocationId")),
+                            rec.claim_alloc,
+                            str(body.get("status")),
+                        )
+                    )
+            if held.lost_reason:
+                self.violation(
+                    f"runner {rid} answered 200 after it answered 410 {held.lost_reason}"
+                )
+            with self._lock:
+                held.last_touch = max(held.last_touch, sent)
+            return
+        if answer.status == 410:
+            match = LOST.search(answer.message())
+            if match:
+                self._lost(held, match.group(1))
+            else:
+                self._gone(held, time.monotonic(), answer.message())
+            return
+        if answer.status in (0, 503) and not final:
+            return  # the controller is restarting or not ready yet: allowed
+        self.violation(
+            f"runner {rid} of {held.client}: unexpected answer {answer.status} {answer.body!r}"
+        )
+
+    def _lost(self, held: Held, reason: str) -> None:
+        rid = held.runner_id
+        if held.lost_reason and held.lost_reason != reason:
+            self.violation(f"runner {rid}: loss reason changed {held.lost_reason} → {reason}")
+        if held.lost_reason:
+            return
+        held.lost_reason = reason
+        self.count(f"lost:{reason}")
+        rec = self.ledger.runner(rid)
+        if rec is None or not rec.claim_alloc:
+            self.violation(f"runner {rid} answers lost ({reason}) but Nomad has no claim")
+            return
+        if rec.lost_reason != reason:
+            self.violation(
+                f"runner {rid} answers lost ({reason}) but Nomad records {rec.lost_reason!r}"
+            )
+        node = self.ledger.node_of(rec.claim_alloc)
+        plausible = self.faults.plausible(rec.claim_alloc, node)
+        if reason not in plausible:
+            self.violation(
+                f"invariant 3: runner {rid} reported lost ({reason}) but nothing the scenario "
+                f"did to allocation {rec.claim_alloc} or node {node} explains that "
+                f"(plausible: {sorted(plausible) or 'none'})"
+            )
+
+    def _gone(self, held: Held, now: float, message: str) -> None:
+        """410 'unknown or released' for a runner its client still holds."""
+        rid = held.runner_id
+        with self._lock:
+            if rid in self.released:
+                return  # its client released it meanwhile (a keep-alive GET in flight)
+        if held.release_sent:
+            with self._lock:
+                held.gone = True
+            self.count("released_unanswered")
+            return
+        if held.timeout > 0 and now - held.last_touch >= held.timeout:
+            with self._lock:
+                held.gone = True
+            self.count("expired")
+            return
+        rec = self.ledger.runner(rid)
+        where = (
+            "Nomad never had it"
+            if rec is None
+            else f"Nomad deleted it at index {rec.purged_index}"
+            if rec.purged_index
+            else "Nomad still has it"
+        )
+        self.violation(
+            f"invariant 3: runner {rid} of {held.client} vanished: 410 {message!r} "
+            f"{now - held.last_touch:.2f}s after its last touch (timeout {held.timeout}s); "
+            f"{where}"
+        )
+        with self._lock:
+            held.gone = True
+
+
+class Actor(threading.Thread):
+    def __init__(
+        self, name: str, steps: tuple[Step, ...], stop: threading.Event, t0: float
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self.steps = steps
+        self.stop = stop
+        self.t0 = t0
+        self.errors: list[str] = []
+        self.done: Counter[str] = Counter()
+
+    def run(self) -> None:
+        for step in self.steps:
+            pause(self.stop, self.t0 + step.at - time.monotonic())
+            if self.stop.is_set():
+                return
+            try:
+                self.act(step.action)
+                self.done[step.kind] += 1
+            except Exception as exc:  # a harness failure must not look like a pass
+                self.errors.append(f"{self.name} at {step.at:.2f}s {step.action}: {exc!r}")
+
+    def act(self, action: Action) -> None:
+        raise NotImplementedError
+
+
+class Client(Actor):
+    """One API client: claims, touches (GET) and releases its own runners."""
+
+    def __init__(
+        self,
+        name: str,
+        steps: tuple[Step, ...],
+        stop: threading.Event,
+        t0: float,
+        base: str,
+        book: Book,
+    ) -> None:
+        super().__init__(name, steps, stop, t0)
+        self.base = base
+        self.book = book
+        self.api = Api(base)
+        self.kept: set[str] = set()  # runners this client keeps alive
+        self.steps_done = threading.Event()
+
+    def run(self) -> None:
+        ticker = threading.Thread(target=self.keep_alive, name=f"{self.name}-keepalive")
+        ticker.start()
+        try:
+            super().run()
+        finally:
+            self.steps_done.set()
+            ticker.join(30)
+
+    def keep_alive(self) -> None:
+        """Touch every kept-alive runner every 0.25 s (a quarter of the shortest
+        timeout), as a client running code in it would, until this client's steps
+        are done."""
+        api = Api(self.base)
+        while not (self.steps_done.is_set() or self.stop.is_set()):
+            for held in self.book.holding(self.name):
+                if held.runner_id in self.kept and not held.lost_reason:
+                    sent = time.monotonic()
+                    answer = api.call("GET", f"/api/v1/runners/{held.runner_id}")
+                    self.book.judge(held, sent, answer)
+            self.steps_done.wait(0.25)
+        api.close()
+
+    def act(self, action: Action) -> None:
+        if isinstance(action, Claim):
+            if action.parallel == 1:
+                self.claim(self.api, action)
+                return
+            threads = [
+                threading.Thread(target=self.claim, args=(Api(self.base), action), daemon=True)
+                for _ in range(action.parallel)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+        elif isinstance(action, Touch | Release):
+            held = self.book.holding(self.name)
+            if not held:
+                return
+            runner = held[action.pick % len(held)]
+            if isinstance(action, Touch):
+                self.touch(runner)
+            else:
+                self.release(runner)
+
+    def claim(self, api: Api, action: Claim) -> None:
+        sent = time.monotonic()
+        answer = api.call(
+            "POST",
+            "/api/v1/runners",
+            {"executionEnvironmentId": action.env_id, "inactivityTimeout": action.timeout},
+        )
+        if answer.status == 200 and isinstance(answer.body, dict):
+            runner_id = str(answer.body.get("runnerId"))
+            self.book.handed(self.name, runner_id, action.env_id, action.timeout, sent)
+            if action.keepalive:
+                self.kept.add(runner_id)
+        elif answer.status in (0, 404, 500, 503):
+            # No answer (restart), unknown (deleted) environment, no ready runner or
+            # Nomad failing, not ready: all allowed, nothing was handed out.
+            self.book.count(f"claim:{answer.status}")
+        else:
+            self.book.violation(f"claim: unexpected answer {answer.status} {answer.body!r}")
+
+    def touch(self, held: Held) -> None:
+        sent = time.monotonic()
+        answer = self.api.call("GET", f"/api/v1/runners/{held.runner_id}")
+        self.book.judge(held, sent, answer)
+
+    def release(self, held: Held) -> None:
+        sent = time.monotonic()
+        held.release_sent = True  # a keep-alive GET may see it gone before this answer
+        answer = self.api.call("DELETE", f"/api/v1/runners/{held.runner_id}")
+        if answer.status == 204:
+            self.book.release_done(held.runner_id)
+            self.book.count("released")
+        elif answer.status == 0:
+            pass  # no answer: it may have been released
+        elif answer.status in (500, 503):
+            held.release_sent = False  # Nomad failed the deregistration, or not ready
+        else:
+            held.release_sent = False
+            self.book.judge(held, sent, answer)
+
+
+class Operator(Actor):
+    """Changes environments, drains and breaks nodes, kills tasks, the controller."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        stop: threading.Event,
+        t0: float,
+        server: SimServer,
+        controller: ControllerProcess,
+        faults: FaultLog,
+    ) -> None:
+        super().__init__(OPERATOR, scenario.steps_of(OPERATOR), stop, t0)
+        self.server = server
+        self.controller = controller
+        self.faults = faults
+        self.api = Api(controller.base)
+        self.nomad = Api(server.address)
+        self.skipped: Counter[str] = Counter()
+        self.wrong_404 = 0  # DELETE environment answered 404 while it existed
+
+    def act(self, action: Action) -> None:
+        if isinstance(action, PutEnv):
+            self.put_env(action)
+        elif isinstance(action, DeleteEnv):
+            self.delete_env(action.env_id)
+        elif isinstance(action, Drain):
+            self.sim_call("PUT", "/_sim/faults", {"migration_ordering": action.ordering})
+            node = self.node_id(action.node)
+            self.faults.add("drained", node)
+            self.nomad_write(
+                f"/v1/node/{node}/drain",
+                {"DrainSpec": {"Deadline": -1, "IgnoreSystemJobs": False}, "Meta": None},
+            )
+        elif isinstance(action, Undrain):
+            self.undrain(self.node_id(action.node))
+        elif isinstance(action, NodeDown):
+            node = self.node_id(action.node)
+            self.faults.add("down", node)
+            self.sim_call("POST", f"/_sim/node/{node}/down")
+        elif isinstance(action, NodeUp):
+            self.sim_call("POST", f"/_sim/node/{self.node_id(action.node)}/up")
+        elif isinstance(action, KillTask):
+            self.kill_task(action)
+        elif isinstance(action, StopAlloc):
+            alloc = self.pick_alloc(action.target, action.pick)
+            if alloc is None:
+                self.skipped["alloc_stop"] += 1
+                return
+            self.faults.add("stopped", alloc)
+            self.nomad_write(f"/v1/allocation/{alloc}/stop", None, gone_ok=True)
+        elif isinstance(action, RestartController):
+            self.controller.kill()
+            pause(self.stop, action.downtime)
+            self.controller.start()
+        elif isinstance(action, SetFaults):
+            self.sim_call("PUT", "/_sim/faults", action.as_dict())
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def sim_call(self, method: str, path: str, body: Any = None) -> Answer:
+        answer = self.nomad.call(method, path, body)
+        if answer.status != 200:
+            raise RuntimeError(f"{method} {path}: {answer.status} {answer.body!r}")
+        return answer
+
+    def nomad_write(self, path: str, body: Any, gone_ok: bool = False) -> None:
+        """A Nomad write, repeated while Nomad answers 'No cluster leader' (a fault
+        the scenario injects; that answer means the write did not happen). With
+        `gone_ok`, a 404 (the allocation was deleted since it was picked) is fine."""
+        for _ in range(50):
+            answer = self.nomad.call("POST", path, body)
+            if answer.status == 200 or (gone_ok and answer.status == 404):
+                return
+            if not (answer.status == 500 and NO_LEADER in str(answer.body)):
+                raise RuntimeError(f"POST {path}: {answer.status} {answer.body!r}")
+            pause(self.stop, 0.02)
+        raise RuntimeError(f"POST {path}: no leader for 50 attempts")
+
+    def undrain(self, node: str) -> None:
+        self.nomad_write(f"/v1/node/{node}/drain", {"DrainSpec": None, "MarkEligible": True})
+
+    def node_id(self, index: int) -> str:
+        def read() -> list[str]:
+            nodes = sorted(self.server.sim.store.nodes.values(), key=lambda n: n.name)
+            return [n.id for n in nodes]
+
+        ids = self.server.call(read)
+        assert isinstance(ids, list)
+        return str(ids[index])
+
+    def pick_alloc(self, target: str, pick: int) -> str | None:
+        """A running allocation of a claimed (or idle) runner, by `pick`."""
+        store = self.server.sim.store
+
+        def read() -> list[str]:
+            found: list[tuple[int, str]] = []
+            for (ns, job_id), rec in store.jobs.items():
+                if not RUNNER_ID.match(job_id) or rec.stopped:
+                    continue
+                meta = config_meta(rec.spec)
+                claimed = meta.get("used") == "true" and not meta.get("nrc_lost_reason")
+                if claimed != (target == "claimed"):
+                    continue
+                for a in store.job_allocs(ns, job_id):
+                    if a.client_status == "running" and a.desired_status == "run":
+                        found.append((a.create_index, a.id))
+            return [a for _, a in sorted(found)]
+
+        allocs = self.server.call(read)
+        assert isinstance(allocs, list)
+        return str(allocs[pick % len(allocs)]) if allocs else None
+
+    def alloc_status(self, alloc_id: str) -> str:
+        def read() -> str:
+            a = self.server.sim.store.allocs.get(alloc_id)
+            return "gone" if a is None else f"{a.client_status}/{a.desired_status}"
+
+        return str(self.server.call(read))
+
+    def kill_task(self, action: KillTask) -> None:
+        alloc = self.pick_alloc(action.target, action.pick)
+        if alloc is None:
+            self.skipped["kill"] += 1
+            return
+        kind = "oom" if action.oom else "crash"
+        self.faults.add("oom" if action.oom else "crashed", alloc)
+        for n in range(action.times):
+            if n:
+                # Wait (in scenario time) until the task is back from its restart.
+                deadline = time.monotonic() + 2.0
+                while self.alloc_status(alloc) != "running/run" and time.monotonic() < deadline:
+                    pause(self.stop, 0.01)
+            answer = self.nomad.call("POST", f"/_sim/allocation/{alloc}/{kind}")
+            if answer.status != 200:
+                return  # not running (restarting, stopped, gone): nothing to kill
+
+    def put_env(self, action: PutEnv) -> None:
+        self.until_definitive(
+            "PUT",
+            f"/api/v1/execution-environments/{action.env.id}",
+            action.env.body(),
+            (201, 204),
+        )
+
+    def delete_env(self, env_id: int, timeout: float = 30.0) -> None:
+        """Delete until Nomad has no template left. A 404 while the template is
+        still in Nomad is the controller answering before it has observed Nomad
+        (test_known_issues.py): counted, and the delete is sent again."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.until_definitive(
+                "DELETE", f"/api/v1/execution-environments/{env_id}", None, (204, 404)
+            )
+            if not self.template_exists(env_id):
+                return
+            self.wrong_404 += 1
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"environment {env_id} answers 404 but its template stays")
+            pause(self.stop, 0.05)
+
+    def template_exists(self, env_id: int) -> bool:
+        store = self.server.sim.store
+        return bool(self.server.call(lambda: store.job("default", f"template-{env_id}")))
+
+    def until_definitive(
+        self, method: str, path: str, body: Any, ok: tuple[int, ...], timeout: float = 30.0
+    ) -> None:
+        """Environment changes are repeated until the controller answers (they
+        are idempotent), so the scenario knows they happened."""
+        deadline = time.monotonic() + timeout
+        while True:
+            answer = self.api.call(method, path, body)
+            if answer.status in ok:
+                return
+            if answer.status not in (0, 500, 503) or time.monotonic() > deadline:
+                raise RuntimeError(f"{method} {path}: {answer.status} {answer.body!r}")
+            pause(self.stop, 0.05)
+
+    def quiesce(self) -> None:
+        """Stop every fault: Nomad behaves, every node is up and eligible."""
+        self.sim_call("PUT", "/_sim/faults", FAULTS_OFF)
+        for index in range(len(self.server.sim.store.nodes)):
+            node = self.node_id(index)
+            self.sim_call("POST", f"/_sim/node/{node}/up")
+            self.undrain(node)

@@ -1,0 +1,86 @@
+"""Deliberately broken controllers, to show the chaos suite notices.
+
+Each mutant is Python run in the controller subprocess before `run` starts: it
+patches one safeguard out of the real code (nothing on disk changes). A chaos
+run against a mutant must fail, naming the invariant the safeguard protects.
+`pytest tests/chaos --chaos-mutants` runs them (not part of CI: each costs a
+few chaos runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Starts the controller after the mutant's patch, as `python -m controller run` would.
+LAUNCH = "\nfrom controller.cli import main\nraise SystemExit(main(['run']))\n"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    breaks: str  # the text a violation must contain ("invariant 3", ...)
+    patch: str
+
+
+MUTANTS = (
+    Mutant(
+        "claim_without_cache_update",
+        # A claim written without EnforceIndex and not applied to the snapshot:
+        # the next claimer picks the same runner until the next list.
+        "invariant 1",
+        """
+from controller.model import Claim, Phase
+from controller.nomad import jobs
+from controller.reconcile import claims
+
+def _try_claim(self, runner_id, timeout_s):
+    current = self._observer.snapshot.runners.get(runner_id)
+    spec = self._observer.spec(runner_id)
+    if current is None or spec is None or current.alloc is None:
+        return None
+    if current.phase is not Phase.READY:
+        return None
+    claim = Claim(timeout=timeout_s, alloc_id=current.alloc.id,
+                  restarts=current.alloc.restarts, claimed_at=self._clock.now_ns())
+    self._gateway.register_job(jobs.with_claim(spec, claim))
+    return current
+
+claims.Claims._try_claim = _try_claim
+""",
+    ),
+    Mutant(
+        "no_loss_detection",
+        # derive never says a claimed runner's file system was reset.
+        "invariant 3",
+        """
+from controller.reconcile import derive
+derive._reset = lambda *args: None
+""",
+    ),
+    Mutant(
+        "no_expectations",
+        # Creations in flight are not counted: lagging lists over-create.
+        "invariant 5",
+        """
+from controller.reconcile import expectations
+expectations.Expectations.pending = lambda self, env_id: expectations.Pending(0, frozenset())
+""",
+    ),
+    Mutant(
+        "touch_does_not_reset_timer",
+        # Requests no longer restart the inactivity timer: runners expire under use.
+        "invariant 3",
+        """
+from controller.reconcile import claims
+claims.Claims.touch = lambda self, runner_id: None
+""",
+    ),
+    Mutant(
+        "inactivity_never_expires",
+        "invariant 4",
+        """
+from controller.reconcile import claims
+claims.Claims.expired = lambda self, view, now_ns: False
+""",
+    ),
+)

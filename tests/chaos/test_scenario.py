@@ -1,0 +1,63 @@
+"""The scenario generator itself: deterministic, well-formed, and the CI seeds
+cover every kind of action (instant: no cluster is started)."""
+
+from __future__ import annotations
+
+from tests.chaos.conftest import CI_SEEDS
+from tests.chaos.scenario import (
+    KINDS,
+    OPERATOR,
+    DeleteEnv,
+    Drain,
+    NodeDown,
+    NodeUp,
+    PutEnv,
+    SetFaults,
+    Undrain,
+    generate,
+)
+
+
+def test_a_seed_always_gives_the_same_scenario() -> None:
+    for seed in (1, 7, 123):
+        assert generate(seed) == generate(seed)
+        assert generate(seed).describe() == generate(seed).describe()
+    assert generate(1) != generate(2)
+
+
+def test_the_ci_seeds_cover_every_kind_of_action() -> None:
+    covered = set().union(*(generate(seed).kinds() for seed in CI_SEEDS))
+    assert covered >= set(KINDS), sorted(set(KINDS) - covered)
+
+
+def test_scenarios_keep_a_node_serving_and_undo_every_disruption() -> None:
+    for seed in range(1, 201):
+        scenario = generate(seed)
+        unavailable: set[int] = set()
+        faults_on: set[str] = set()
+        envs = {e.id for e in scenario.envs}
+        for step in scenario.steps:
+            action = step.action
+            if step.actor != OPERATOR:
+                continue
+            if isinstance(action, Drain | NodeDown):
+                assert action.node not in unavailable, (seed, step)
+                unavailable.add(action.node)
+                assert len(unavailable) < scenario.nodes, (seed, step)
+            elif isinstance(action, Undrain | NodeUp):
+                unavailable.discard(action.node)
+            elif isinstance(action, SetFaults):
+                if step.kind == "fault_end":
+                    faults_on.discard(action.name)
+                else:
+                    assert action.name not in faults_on, (seed, step)
+                    faults_on.add(action.name)
+            elif isinstance(action, DeleteEnv):
+                assert action.env_id in envs, (seed, step)
+                envs.discard(action.env_id)
+            elif isinstance(action, PutEnv):
+                assert (action.why == "create") == (action.env.id not in envs), (seed, step)
+                envs.add(action.env.id)
+        assert not unavailable and not faults_on, seed
+        assert envs, seed  # some environment is left to converge
+        assert 20 <= len(scenario.steps) <= 60, (seed, len(scenario.steps))
