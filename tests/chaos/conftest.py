@@ -21,7 +21,7 @@ from tests.chaos.run import REPLAY, ChaosResult
 
 # Fixed, so CI is repeatable; together they cover every kind of action
 # (tests/chaos/test_scenario.py checks that).
-CI_SEEDS = (1, 4, 6, 10, 13, 23, 28)
+CI_SEEDS = (1, 4, 6, 7, 13, 23, 28)
 RESULTS = pytest.StashKey[list[ChaosResult]]()
 
 
