@@ -3,8 +3,7 @@
 Open ones are marked xfail(strict=True): the day a fix lands, the test
 passes, the strict xfail fails the suite, and whoever fixed it removes the
 mark here. The three controller bugs are fixed and these are now their
-regression tests; the tolerances in tests/chaos/run.py that counted them
-(known_check_race, known_reset_window, known_delete_404) should now count 0.
+regression tests; the chaos runs treat each of them as a violation again.
 """
 
 from __future__ import annotations
