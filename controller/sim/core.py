@@ -16,16 +16,20 @@ from controller.sim.clock import Clock, SystemClock, Timers
 from controller.sim.drainer import Drainer, drain_eval
 from controller.sim.encode import (
     JobValidationError,
+    alloc_datum,
     alloc_full,
     alloc_stub,
     canonicalize_job,
     go_time,
     group_of,
+    job_stub,
+    job_summary,
+    json_bytes,
 )
 from controller.sim.events import EventBroker
 from controller.sim.records import Alloc, Eval, JobRecord, JsonDict, Node
 from controller.sim.scheduler import Scheduler
-from controller.sim.state import ALLOCS, EVALS, JOBS, StateStore, Txn
+from controller.sim.state import ALLOCS, EVALS, JOBS, Commit, StateStore, Txn
 from controller.sim.variables import Variables
 
 ORDERINGS = ("production", "client", "random")
@@ -154,6 +158,13 @@ class Simulator:
         self._timers: Timers | None = None
         self.requests: dict[str, int] = {}
         self.stopped = False
+        # Encoded list entries, reused until their object is written again: a
+        # list of 10,000 allocations encodes only what changed since the last.
+        self._alloc_stubs: dict[str, dict[tuple[bool, bool], tuple[Alloc, bytes]]] = {}
+        self._job_stubs: dict[
+            tuple[str, str], dict[bool, tuple[JobRecord, tuple[int, Any], bytes]]
+        ] = {}
+        self.store.add_listener(self._drop_encodings)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -239,15 +250,24 @@ class Simulator:
         return ordering
 
     def node_usage(self, node_id: str, job_id: str, plan: Any) -> tuple[int, int, int]:
-        cpu = mem = same = 0
-        allocs = self.store.allocs
-        counted = [
-            a
-            for a in (allocs[i] for i in self.store.allocs_by_node.get(node_id, ()))
-            if a.desired_status == "run" and not a.client_terminal() and a.id not in plan.stops
-        ]
-        counted += [a for a in plan.places if a.node_id == node_id]
-        for a in counted:
+        """CPU and memory in use on the node and how many of its allocations
+        belong to the job, as the plan would leave them: the allocations that
+        hold resources (desired run, not client-terminal) minus those the plan
+        stops, plus those it places. From the store's per-node counters, so a
+        placement costs the same with 10 or 10,000 allocations on the node."""
+        store = self.store
+        cpu, mem = store.node_used.get(node_id) or (0, 0)
+        same = store.node_job_allocs.get((node_id, job_id), 0)
+        for stopped in plan.stops:
+            entry = store.usage_of(stopped)
+            if entry is not None and entry.node_id == node_id:
+                cpu -= entry.cpu
+                mem -= entry.mem
+                if entry.job_id == job_id:
+                    same -= 1
+        for a in plan.places:
+            if a.node_id != node_id:
+                continue
             group = group_of(a.job, a.task_group) or {}
             for task in group.get("Tasks") or []:
                 res = task.get("Resources") or {}
@@ -304,6 +324,10 @@ class Simulator:
     def encode_alloc_event(self, alloc: Alloc) -> JsonDict:
         return self.encode_alloc(alloc, with_job=False)
 
+    def alloc_datum(self, alloc: Alloc) -> JsonDict:
+        """The allocation as a `filter` expression sees it (every field)."""
+        return alloc_datum(alloc, self._ports.by_alloc.get(alloc.id, []), self.host_ip(alloc))
+
     def encode_alloc_stub(self, alloc: Alloc, resources: bool, task_states: bool) -> JsonDict:
         return alloc_stub(
             alloc,
@@ -312,6 +336,59 @@ class Simulator:
             resources,
             task_states,
         )
+
+    def alloc_stub_json(self, alloc: Alloc, resources: bool, task_states: bool) -> bytes:
+        """`encode_alloc_stub` as JSON bytes, cached for the current version of
+        the allocation (a stale view's older version is encoded afresh)."""
+        flags = (resources, task_states)
+        cached = self._alloc_stubs.get(alloc.id)
+        if cached is not None:
+            hit = cached.get(flags)
+            if hit is not None and hit[0] is alloc:
+                return hit[1]
+        data = json_bytes(self.encode_alloc_stub(alloc, resources, task_states))
+        if self.store.allocs.get(alloc.id) is alloc:
+            self._alloc_stubs.setdefault(alloc.id, {})[flags] = (alloc, data)
+        return data
+
+    def job_stub_json(self, rec: JobRecord, meta: bool, summary: JsonDict | None) -> bytes:
+        """A job's list stub as JSON bytes. `summary` None: the current one,
+        and the encoding is cached for as long as the job, its allocations
+        (the summary index) and its queued counts stay the same."""
+        key = (rec.namespace, rec.id)
+        version = (
+            self.store.summary_index.get(key, 0),
+            tuple(sorted(self.queued.get(key, {}).items())),
+        )
+        if summary is None:
+            cached = self._job_stubs.get(key, {}).get(meta)
+            if cached is not None and cached[0] is rec and cached[1] == version:
+                return cached[2]
+            summary = self.job_summary(rec)
+            data = json_bytes(job_stub(rec.spec, summary, meta))
+            if self.store.jobs.get(key) is rec:
+                self._job_stubs.setdefault(key, {})[meta] = (rec, version, data)
+            return data
+        return json_bytes(job_stub(rec.spec, summary, meta))
+
+    def job_summary(self, rec: JobRecord, allocs: dict[str, Alloc] | None = None) -> JsonDict:
+        """The job's summary over `allocs` (a table view; default the current table)."""
+        ns, job_id = rec.namespace, rec.id
+        table = self.store.allocs if allocs is None else allocs
+        ids = self.store.allocs_by_job.get((ns, job_id), ())
+        return job_summary(
+            rec.spec,
+            [table[i] for i in ids if i in table],
+            self.queued.get((ns, job_id), {}),
+            self.store.summary_index.get((ns, job_id), 0),
+        )
+
+    def _drop_encodings(self, commit: Commit) -> None:
+        for change in commit.changes:
+            if change.table == ALLOCS:
+                self._alloc_stubs.pop(change.key, None)
+            elif change.table == JOBS:
+                self._job_stubs.pop(change.key, None)
 
     def after_client_update(self, alloc: Alloc) -> None:
         self.drainer.on_alloc_change(alloc)

@@ -10,6 +10,7 @@ Job and Node always write every field. Field lists follow
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -62,6 +63,11 @@ def go_duration(ns: int) -> str:
             return f"{rem // 1000}µs"
         return f"{rem}ns"
     return f"{sec}s"
+
+
+def json_bytes(obj: Any) -> bytes:
+    """Compact JSON as Nomad writes it (no spaces, UTF-8 as is)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _empty(value: Any) -> bool:
@@ -579,42 +585,54 @@ def allocated_resources(alloc: Alloc, ports: list[JsonDict], host_ip: str) -> Js
     }
 
 
+def _alloc_fields(
+    alloc: Alloc, ports: list[JsonDict], host_ip: str, with_job: bool
+) -> list[tuple[str, Any]]:
+    dt = desired_transition(alloc)
+    any_transition = any(v is not None for v in dt.values())
+    return [
+        ("ID", alloc.id),
+        ("Namespace", alloc.namespace),
+        ("EvalID", alloc.eval_id),
+        ("Name", alloc.name),
+        ("NodeID", alloc.node_id),
+        ("NodeName", alloc.node_name),
+        ("JobID", alloc.job_id),
+        ("Job", alloc.job if with_job else None),
+        ("TaskGroup", alloc.task_group),
+        ("AllocatedResources", allocated_resources(alloc, ports, host_ip)),
+        ("Metrics", alloc_metric()),
+        ("DesiredStatus", alloc.desired_status),
+        ("DesiredDescription", alloc.desired_description),
+        ("DesiredTransition", dt if any_transition else None),
+        ("ClientStatus", alloc.client_status),
+        ("ClientDescription", alloc.client_description),
+        ("TaskStates", _task_states(alloc)),
+        ("PreviousAllocation", alloc.previous_allocation),
+        ("NextAllocation", alloc.next_allocation),
+        ("RescheduleTracker", reschedule_tracker(alloc)),
+        ("FollowupEvalID", alloc.followup_eval_id),
+        ("CreateIndex", alloc.create_index),
+        ("ModifyIndex", alloc.modify_index),
+        ("AllocModifyIndex", alloc.alloc_modify_index),
+        ("CreateTime", alloc.create_time),
+        ("ModifyTime", alloc.modify_time),
+    ]
+
+
 def alloc_full(
     alloc: Alloc, ports: list[JsonDict], host_ip: str, with_job: bool = True
 ) -> JsonDict:
     """The full Allocation (GET /v1/allocation/:id, node allocations, events)."""
-    dt = desired_transition(alloc)
-    any_transition = any(v is not None for v in dt.values())
-    return omitempty(
-        [
-            ("ID", alloc.id),
-            ("Namespace", alloc.namespace),
-            ("EvalID", alloc.eval_id),
-            ("Name", alloc.name),
-            ("NodeID", alloc.node_id),
-            ("NodeName", alloc.node_name),
-            ("JobID", alloc.job_id),
-            ("Job", alloc.job if with_job else None),
-            ("TaskGroup", alloc.task_group),
-            ("AllocatedResources", allocated_resources(alloc, ports, host_ip)),
-            ("Metrics", alloc_metric()),
-            ("DesiredStatus", alloc.desired_status),
-            ("DesiredDescription", alloc.desired_description),
-            ("DesiredTransition", dt if any_transition else None),
-            ("ClientStatus", alloc.client_status),
-            ("ClientDescription", alloc.client_description),
-            ("TaskStates", _task_states(alloc)),
-            ("PreviousAllocation", alloc.previous_allocation),
-            ("NextAllocation", alloc.next_allocation),
-            ("RescheduleTracker", reschedule_tracker(alloc)),
-            ("FollowupEvalID", alloc.followup_eval_id),
-            ("CreateIndex", alloc.create_index),
-            ("ModifyIndex", alloc.modify_index),
-            ("AllocModifyIndex", alloc.alloc_modify_index),
-            ("CreateTime", alloc.create_time),
-            ("ModifyTime", alloc.modify_time),
-        ]
-    )
+    return omitempty(_alloc_fields(alloc, ports, host_ip, with_job))
+
+
+def alloc_datum(alloc: Alloc, ports: list[JsonDict], host_ip: str) -> JsonDict:
+    """The Allocation struct as a filter expression sees it: every field, zero
+    ones included (the struct has them), DesiredTransition never nil."""
+    datum = dict(_alloc_fields(alloc, ports, host_ip, True))
+    datum["DesiredTransition"] = desired_transition(alloc)
+    return datum
 
 
 def alloc_metric(nodes: int = 1, exhausted: int = 0) -> JsonDict:

@@ -19,6 +19,27 @@ from controller.sim.encode import evaluation, node_full
 from controller.sim.records import Alloc, Eval, JobRecord, JsonDict, Node
 from controller.sim.state import ALLOCS, EVALS, JOBS, NODES, Commit
 
+
+class _Deferred:
+    """An event payload not encoded yet. Records are immutable, so encoding
+    it when a subscriber first needs it gives exactly what encoding it at
+    commit time would: a frame that leaves the ring buffer unread (no
+    subscriber, none resuming from it) is never encoded at all."""
+
+    __slots__ = ("encode",)
+
+    def __init__(self, encode: Callable[[], JsonDict]) -> None:
+        self.encode = encode
+
+
+def _materialize(frame: JsonDict) -> JsonDict:
+    for event in frame["Events"]:
+        payload = event["Payload"]
+        if isinstance(payload, _Deferred):
+            event["Payload"] = payload.encode()
+    return frame
+
+
 # Message types of state transactions, and the event type each produces.
 MSG_EVENT_TYPES = {
     "JobRegister": "JobRegistered",
@@ -88,6 +109,8 @@ class EventBroker:
         frame = {"Index": commit.index, "Events": events}
         self._buffer.append(frame)
         self.published += 1
+        if self._subscribers:
+            _materialize(frame)
         for subscriber in self._subscribers:
             subscriber.offer(frame)
 
@@ -101,29 +124,38 @@ class EventBroker:
                 # A purge removes allocations without any allocation event.
                 return None
             assert isinstance(obj, Alloc)
-            payload = self._encode_alloc(obj)
-            payload.pop("Job", None)  # Nomad strips the job to keep events small
+            alloc, encode_alloc = obj, self._encode_alloc
+
+            def alloc_payload() -> JsonDict:
+                payload = encode_alloc(alloc)
+                payload.pop("Job", None)  # Nomad strips the job to keep events small
+                return {"Allocation": payload}
+
             return _envelope(
                 "Allocation",
                 event_type,
                 obj.id,
                 obj.namespace,
                 [obj.job_id, ""],
-                {"Allocation": payload},
+                _Deferred(alloc_payload),
             )
         if table == EVALS:
             assert isinstance(obj, Eval)
+            ev = obj
             return _envelope(
                 "Evaluation",
                 event_type,
                 obj.id,
                 obj.namespace,
                 [obj.job_id, ""],
-                {"Evaluation": evaluation(obj)},
+                _Deferred(lambda: {"Evaluation": evaluation(ev)}),
             )
         if table == NODES:
             assert isinstance(obj, Node)
-            return _envelope("Node", event_type, obj.id, "", None, {"Node": node_full(obj)})
+            node = obj
+            return _envelope(
+                "Node", event_type, obj.id, "", None, _Deferred(lambda: {"Node": node_full(node)})
+            )
         return None
 
     def subscribe(self, sub: Subscription, from_index: int) -> Subscriber:
@@ -144,7 +176,7 @@ class EventBroker:
         if not frames and self._buffer:
             frames = [self._buffer[-1]]
         for frame in frames:
-            subscriber.offer(frame)
+            subscriber.offer(_materialize(frame))
         self._subscribers.add(subscriber)
         return subscriber
 
@@ -169,7 +201,7 @@ def _envelope(
     key: str,
     namespace: str,
     filter_keys: list[str] | None,
-    payload: JsonDict,
+    payload: JsonDict | _Deferred,
 ) -> JsonDict:
     return {
         "Topic": topic,

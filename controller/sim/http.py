@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from controller.sim import encode
+from controller.sim import bexpr, encode
 from controller.sim.core import NomadError, Simulator
 from controller.sim.events import Subscription, parse_topics
-from controller.sim.records import JsonDict
 from controller.sim.state import ALLOCS, EVALS, JOB_SUMMARY, JOBS, NODES, VARIABLES
 from controller.sim.variables import VariableError, parse_go_duration
 
@@ -30,7 +29,16 @@ Handler = Callable[[Request, Simulator], Awaitable[Response]]
 
 
 def dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    return encode.json_bytes(obj)
+
+
+class RawJSON(bytes):
+    """A response body that is JSON already (list entries encoded earlier)."""
+
+
+def json_array(parts: Iterable[bytes]) -> RawJSON:
+    """The JSON array of already encoded entries: what `dumps` of the list gives."""
+    return RawJSON(b"[" + b",".join(parts) + b"]")
 
 
 def text(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
@@ -45,7 +53,8 @@ def json_response(body: Any, index: int | None = None, status: int = 200) -> Res
             "X-Nomad-KnownLeader": "true",
             "X-Nomad-LastContact": "0",
         }
-    return Response(dumps(body), status_code=status, media_type="application/json", headers=headers)
+    content = body if isinstance(body, RawJSON) else dumps(body)
+    return Response(content, status_code=status, media_type="application/json", headers=headers)
 
 
 def namespace_of(request: Request) -> str:
@@ -71,6 +80,26 @@ async def read_body(request: Request) -> Any:
         return json.loads(raw)
     except ValueError as exc:
         raise NomadError(400, f"Request decode failed: {exc}") from None
+
+
+def filter_of(request: Request) -> bexpr.Filter | None:
+    """The `filter` expression of a list read, parsed (400 as Nomad when it does not parse)."""
+    text = request.query_params.get("filter")
+    if not text:
+        return None
+    try:
+        return bexpr.parse(text)
+    except bexpr.FilterSyntaxError as exc:
+        raise NomadError(
+            400, f"failed to create result paginator: failed to read filter expression: {exc}"
+        ) from None
+
+
+def keep(expression: bexpr.Filter, datum: Any) -> bool:
+    try:
+        return expression.matches(datum)
+    except bexpr.FilterEvalError as exc:
+        raise NomadError(400, f"failed to read result page: {exc}") from None
 
 
 class Blocking:
@@ -132,29 +161,34 @@ class Blocking:
 # -- jobs -------------------------------------------------------------------------
 
 
-def _summary(sim: Simulator, b: Blocking, spec: JsonDict) -> JsonDict:
-    ns, job_id = spec["Namespace"], spec["ID"]
-    allocs_tbl = b.table(ALLOCS)
-    ids = sim.store.allocs_by_job.get((ns, job_id), ())
-    allocs = [allocs_tbl[i] for i in ids if i in allocs_tbl]
-    return encode.job_summary(
-        spec, allocs, sim.queued.get((ns, job_id), {}), sim.store.summary_index.get((ns, job_id), 0)
-    )
-
-
 async def list_jobs(request: Request, sim: Simulator) -> Response:
     b = Blocking(request, sim)
     b.stale()
     ns = namespace_of(request)
     prefix = request.query_params.get("prefix", "")
     meta = flag(request, "meta")
+    expression = filter_of(request)
+    # `ID == "a" or ID == "b" ...` is answered from the table's key.
+    ids = expression.equality_set("ID") if expression is not None else None
 
     def compute() -> tuple[int, Any]:
+        table = b.table(JOBS)
+        stale = b.at_index is not None
+        if ids is not None and ns != "*":
+            candidates = sorted((key, table[key]) for key in ((ns, i) for i in ids) if key in table)
+        else:
+            candidates = sorted(table.items())
         out = []
-        for (job_ns, job_id), rec in sorted(b.table(JOBS).items()):
-            if (ns == "*" or job_ns == ns) and job_id.startswith(prefix):
-                out.append(encode.job_stub(rec.spec, _summary(sim, b, rec.spec), meta))
-        return b.index(JOBS, JOB_SUMMARY), out
+        for (job_ns, job_id), rec in candidates:
+            if not ((ns == "*" or job_ns == ns) and job_id.startswith(prefix)):
+                continue
+            if expression is not None and ids is None and not keep(expression, rec.spec):
+                continue
+            if ids is not None and job_id not in ids:
+                continue
+            summary = sim.job_summary(rec, b.table(ALLOCS)) if stale else None
+            out.append(sim.job_stub_json(rec, meta, summary))
+        return b.index(JOBS, JOB_SUMMARY), json_array(out)
 
     return await b.run((JOBS, JOB_SUMMARY), compute)
 
@@ -249,7 +283,7 @@ async def job_summary(request: Request, sim: Simulator) -> Response:
 
     def compute() -> tuple[int, Any]:
         rec = _job_or_404(sim, ns, job_id)
-        summary = _summary(sim, b, rec.spec)
+        summary = sim.job_summary(rec, b.table(ALLOCS))
         return summary["ModifyIndex"], summary
 
     return await b.run((JOBS, JOB_SUMMARY), compute)
@@ -286,15 +320,29 @@ async def list_allocations(request: Request, sim: Simulator) -> Response:
     prefix = request.query_params.get("prefix", "")
     resources = flag(request, "resources")
     task_states = flag(request, "task_states", default=True)
+    expression = filter_of(request)
+    # `JobID == "a" or JobID == "b" ...` is answered from the by-job index.
+    job_ids = expression.equality_set("JobID") if expression is not None else None
 
     def compute() -> tuple[int, Any]:
-        allocs = [
-            a
-            for a in b.table(ALLOCS).values()
-            if (ns == "*" or a.namespace == ns) and a.id.startswith(prefix)
-        ]
-        allocs.sort(key=lambda a: a.create_index)
-        body = [sim.encode_alloc_stub(a, resources, task_states) for a in allocs]
+        table = b.table(ALLOCS)
+        store = sim.store
+        if job_ids is not None and ns != "*" and b.at_index is None:
+            found = [table[i] for j in job_ids for i in store.allocs_by_job.get((ns, j), ())]
+            found.sort(key=lambda a: (a.create_index, store.alloc_seq[a.id]))
+            allocs = [a for a in found if a.id.startswith(prefix)]
+        else:
+            allocs = [
+                a
+                for a in table.values()
+                if (ns == "*" or a.namespace == ns) and a.id.startswith(prefix)
+            ]
+            if job_ids is not None:
+                allocs = [a for a in allocs if a.job_id in job_ids]
+            elif expression is not None:
+                allocs = [a for a in allocs if keep(expression, sim.alloc_datum(a))]
+            allocs.sort(key=lambda a: a.create_index)
+        body = json_array(sim.alloc_stub_json(a, resources, task_states) for a in allocs)
         return b.index(ALLOCS), body
 
     return await b.run((ALLOCS,), compute)

@@ -10,6 +10,7 @@ event loop thread, so nothing here needs a lock."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -36,6 +37,29 @@ class Change:
     key: Any
     before: Any  # None when created
     after: Any  # None when deleted
+
+
+@dataclass(frozen=True)
+class UsageEntry:
+    """An allocation's share of its node's resources, as placement counts it."""
+
+    node_id: str
+    job_id: str
+    cpu: int
+    mem: int
+
+
+def alloc_demand(alloc: Alloc) -> tuple[int, int]:
+    """CPU (MHz) and memory (MB) the tasks of the allocation's group ask for."""
+    cpu = mem = 0
+    for group in alloc.job.get("TaskGroups") or []:
+        if group.get("Name") == alloc.task_group:
+            for task in group.get("Tasks") or []:
+                res = task.get("Resources") or {}
+                cpu += int(res.get("CPU") or 0)
+                mem += int(res.get("MemoryMB") or 0)
+            break
+    return cpu, mem
 
 
 @dataclass(frozen=True)
@@ -70,12 +94,14 @@ class Txn:
     def put_alloc(self, alloc: Alloc) -> None:
         self.store._index_alloc(alloc)
         self._record(ALLOCS, alloc.id, alloc)
+        self.store._count_usage(alloc)
 
     def delete_alloc(self, alloc_id: str) -> None:
         old = self.store.allocs.get(alloc_id)
         if old is not None:
             self.store._unindex_alloc(old)
         self._record(ALLOCS, alloc_id, None)
+        self.store._uncount_usage(alloc_id)
 
     def put_eval(self, ev: Eval) -> None:
         self.store.evals_by_job.setdefault((ev.namespace, ev.job_id), set()).add(ev.id)
@@ -111,7 +137,19 @@ class StateStore:
         # Secondary indexes Nomad's memdb keeps too.
         self.allocs_by_job: dict[tuple[str, str], set[str]] = {}
         self.allocs_by_node: dict[str, set[str]] = {}
+        # Order of first insertion into the allocation table (the table's own
+        # iteration order), for answers built from the indexes above.
+        self.alloc_seq: dict[str, int] = {}
+        self._alloc_counter = itertools.count()
         self.summary_index: dict[tuple[str, str], int] = {}
+        # What placement needs, kept up to date on every allocation write
+        # instead of scanning a node's allocations per placement: per node the
+        # CPU and memory of its allocations that hold resources (desired run,
+        # not client-terminal), how many of them each job has, and what each
+        # such allocation was counted with.
+        self.node_used: dict[str, list[int]] = {}
+        self.node_job_allocs: dict[tuple[str, str], int] = {}
+        self._usage: dict[str, UsageEntry] = {}
         self.jobs_ever_registered = 0
         self.evals_by_job: dict[tuple[str, str], set[str]] = {}
         self._listeners: list[Callable[[Commit], None]] = []
@@ -165,12 +203,46 @@ class StateStore:
             self._waiters[table].clear()
 
     def _index_alloc(self, alloc: Alloc) -> None:
+        if alloc.id not in self.alloc_seq:
+            self.alloc_seq[alloc.id] = next(self._alloc_counter)
         self.allocs_by_job.setdefault((alloc.namespace, alloc.job_id), set()).add(alloc.id)
         self.allocs_by_node.setdefault(alloc.node_id, set()).add(alloc.id)
 
     def _unindex_alloc(self, alloc: Alloc) -> None:
+        self.alloc_seq.pop(alloc.id, None)
         self.allocs_by_job.get((alloc.namespace, alloc.job_id), set()).discard(alloc.id)
         self.allocs_by_node.get(alloc.node_id, set()).discard(alloc.id)
+
+    def _count_usage(self, alloc: Alloc) -> None:
+        self._uncount_usage(alloc.id)
+        if alloc.desired_status != "run" or alloc.client_terminal():
+            return
+        cpu, mem = alloc_demand(alloc)
+        entry = UsageEntry(alloc.node_id, alloc.job_id, cpu, mem)
+        self._usage[alloc.id] = entry
+        used = self.node_used.setdefault(alloc.node_id, [0, 0])
+        used[0] += cpu
+        used[1] += mem
+        key = (alloc.node_id, alloc.job_id)
+        self.node_job_allocs[key] = self.node_job_allocs.get(key, 0) + 1
+
+    def _uncount_usage(self, alloc_id: str) -> None:
+        entry = self._usage.pop(alloc_id, None)
+        if entry is None:
+            return
+        used = self.node_used[entry.node_id]
+        used[0] -= entry.cpu
+        used[1] -= entry.mem
+        key = (entry.node_id, entry.job_id)
+        left = self.node_job_allocs[key] - 1
+        if left:
+            self.node_job_allocs[key] = left
+        else:
+            del self.node_job_allocs[key]
+
+    def usage_of(self, alloc_id: str) -> UsageEntry | None:
+        """What the allocation counts towards its node's usage (None: nothing)."""
+        return self._usage.get(alloc_id)
 
     # -- reads ----------------------------------------------------------------
 
