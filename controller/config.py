@@ -325,7 +325,11 @@ class Settings(BaseSettings):
         default=30.0,
         alias="NRC_RESYNC_INTERVAL",
         gt=0,
-        description="How often every environment is re-listed and reconciled without an event.",
+        description=(
+            "How often every environment is reconciled without an event; each resync re-reads "
+            "what events named, and re-lists every job and allocation when no event stream is "
+            "connected and on every 10th resync."
+        ),
         json_schema_extra=_allowed(f"a duration above 0, {_DURATION_FORMS}", duration=True),
     )
     orphan_grace_s: Duration = Field(

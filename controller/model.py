@@ -8,6 +8,7 @@ turns Nomad's JSON into these types; nothing else reads Nomad's JSON.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -52,14 +53,21 @@ class Environment:
     def template_hash(self) -> str:
         """Identifies what a runner is built from; the pool size is not part of it,
         so resizing a pool never replaces runners."""
-        shape = {
-            "image": self.image,
-            "cpu": self.cpu_limit,
-            "memory": self.memory_limit,
-            "network": self.network_access,
-            "ports": sorted(self.exposed_ports),
-        }
-        return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+        return _template_hash(
+            self.image,
+            self.cpu_limit,
+            self.memory_limit,
+            self.network_access,
+            tuple(sorted(self.exposed_ports)),
+        )
+
+
+# Plan and claims compare it with every runner of an environment: hash each
+# shape once, not once per runner.
+@functools.lru_cache(maxsize=4096)
+def _template_hash(image: str, cpu: int, memory: int, network: bool, ports: tuple[int, ...]) -> str:
+    shape = {"image": image, "cpu": cpu, "memory": memory, "network": network, "ports": list(ports)}
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

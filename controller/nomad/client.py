@@ -20,10 +20,11 @@ modify index") is final too: retrying cannot change the answer.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 from urllib.parse import quote
@@ -61,6 +62,7 @@ ENFORCE_INDEX_CONFLICT = "Enforcing job modify index"
 # given), then adds up to wait/16 of jitter before answering.
 MAX_BLOCKING_WAIT_S = 300.0
 FIRST_RETRY_WAIT_S = 0.1
+CONNECTIONS = 64  # kept-alive connections to Nomad
 # Errors Nomad's lock RPCs return as plain 500s when the lock (or the variable)
 # is gone: for a renew or release that means "no longer ours", not a fault.
 LOCK_GONE_TEXTS = ("variable doesn't exist", "variable doesn't hold a lock")
@@ -140,6 +142,15 @@ class NomadClient:
         self._timeout_s = timeout_s
         self._on_request = on_request
         self._session = requests.Session()
+        # Explicit settings only (see the module docstring): no proxies, CA
+        # bundle or .netrc from the environment, which requests would also look
+        # up with file-system calls on every request.
+        self._session.trust_env = False
+        # One kept-alive connection per concurrent caller (API threads, writers,
+        # fetchers): requests' default pool of 10 would close and reopen
+        # connections under load.
+        for scheme in ("http://", "https://"):
+            self._session.mount(scheme, requests.adapters.HTTPAdapter(pool_maxsize=CONNECTIONS))
         verify_opt, cert = tls_options(
             verify=verify, ca_cert=ca_cert, client_cert=client_cert, client_key=client_key
         )
@@ -205,6 +216,67 @@ class NomadClient:
         reply = self._call(
             "list_allocations",
             lambda: self._allocations.request(method="get", params=dict(params), timeout=timeout),
+        )
+        stubs = reply.body if isinstance(reply.body, list) else []
+        return AllocListing(
+            allocations=tuple(decode_allocation(a) for a in stubs if isinstance(a, dict)),
+            index=reply.index,
+        )
+
+    def list_jobs_by_id(self, job_ids: Collection[str]) -> JobListing:
+        """Stubs of those of the jobs that exist (a `filter` expression per
+        batch of ids; the index is the oldest of the batches')."""
+        listings = [
+            self._list_jobs_filtered(_any_equal("ID", batch)) for batch in _batches(job_ids)
+        ]
+        return JobListing(
+            jobs=tuple(s for listing in listings for s in listing.jobs),
+            index=min((listing.index for listing in listings), default=0),
+        )
+
+    def list_allocations_of_jobs(self, job_ids: Collection[str]) -> AllocListing:
+        """Every allocation of the jobs, with task states and ports, as
+        `list_allocations` (batched like `list_jobs_by_id`)."""
+        listings = [
+            self._list_allocations_filtered(_any_equal("JobID", batch))
+            for batch in _batches(job_ids)
+        ]
+        return AllocListing(
+            allocations=tuple(a for listing in listings for a in listing.allocations),
+            index=min((listing.index for listing in listings), default=0),
+        )
+
+    def list_allocation_versions(self) -> AllocListing:
+        """Every allocation of the namespace without task states or resources:
+        a quarter of the bytes, enough to tell which allocations changed."""
+        params = {"task_states": "false"}
+        reply = self._call(
+            "list_allocations",
+            lambda: self._allocations.request(method="get", params=dict(params)),
+        )
+        stubs = reply.body if isinstance(reply.body, list) else []
+        return AllocListing(
+            allocations=tuple(decode_allocation(a) for a in stubs if isinstance(a, dict)),
+            index=reply.index,
+        )
+
+    def _list_jobs_filtered(self, expression: str) -> JobListing:
+        params = {"filter": expression}
+        reply = self._call(
+            "list_jobs",
+            lambda: self._jobs.request(method="get", params=dict(params)),
+        )
+        stubs = reply.body if isinstance(reply.body, list) else []
+        return JobListing(
+            jobs=tuple(decode_job_stub(s) for s in stubs if isinstance(s, dict)),
+            index=reply.index,
+        )
+
+    def _list_allocations_filtered(self, expression: str) -> AllocListing:
+        params = {"resources": "true", "task_states": "true", "filter": expression}
+        reply = self._call(
+            "list_allocations",
+            lambda: self._allocations.request(method="get", params=dict(params)),
         )
         stubs = reply.body if isinstance(reply.body, list) else []
         return AllocListing(
@@ -372,6 +444,22 @@ class NomadClient:
         fn_args = state.args
         operation = fn_args[0] if fn_args else "?"
         log.info("retrying %s after attempt %d: %s", operation, state.attempt_number, exc)
+
+
+# Ids per filtered list: keeps the query string near 4 KB (proxies commonly
+# allow 8 KB), and the server's work per request small.
+FILTER_BATCH = 64
+
+
+def _batches(ids: Collection[str]) -> list[list[str]]:
+    ordered = sorted(set(ids))
+    return [ordered[i : i + FILTER_BATCH] for i in range(0, len(ordered), FILTER_BATCH)]
+
+
+def _any_equal(selector: str, values: list[str]) -> str:
+    """A go-bexpr expression true for objects whose `selector` is one of `values`
+    (JSON string literals are valid Go string literals)."""
+    return " or ".join(f"{selector} == {json.dumps(v, ensure_ascii=False)}" for v in values)
 
 
 def _segment(value: str) -> str:

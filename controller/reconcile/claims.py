@@ -108,17 +108,16 @@ class Claims:
         template = snap.templates.get(env_id)
         if template is None:
             raise UnknownEnvironment(env_id)
-        candidates = sorted(
-            (
-                v
-                for v in snap.views(env_id)
-                if not v.claimed
-                and v.known
-                and v.phase is Phase.READY
-                and v.job.template_hash == template.env.template_hash
-                and not self._expectations.is_deleting(v.id)
-            ),
-            key=lambda v: v.job.create_index,
+        # Oldest first (the snapshot keeps them in that order), lazily: the
+        # first one that can be claimed ends the search.
+        candidates = (
+            v
+            for v in snap.claimable(env_id)
+            if not v.claimed
+            and v.known
+            and v.phase is Phase.READY
+            and v.job.template_hash == template.env.template_hash
+            and not self._expectations.is_deleting(v.id)
         )
         for candidate in candidates:
             if not self._guard.begin_claim(candidate.id):

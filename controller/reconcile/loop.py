@@ -37,6 +37,8 @@ from controller.reconcile.ratelimit import TokenBucket
 log = logging.getLogger(__name__)
 
 EVENT_TOPICS = ("Job", "Allocation", "Evaluation", "Node")
+FULL_RELIST_EVERY = 10  # resync intervals between full re-lists while events flow
+PASS_SPACING_MIN_S = 0.02  # see Controller._space_passes
 
 
 class EventSource(Protocol):
@@ -81,7 +83,15 @@ class Controller:
         s = self.settings
         self.queue: WorkQueue[int] = WorkQueue(self.clock, cap_s=s.max_backoff_s)
         self.expectations = Expectations(self.clock, s.expectation_timeout_s)
-        self.observer = Observer(gateway, self.clock, self.expectations, self.metrics)
+        # With events naming what changed, a full re-list every 10th resync is
+        # the safety net for whatever an event stream could still miss.
+        self.observer = Observer(
+            gateway,
+            self.clock,
+            self.expectations,
+            self.metrics,
+            full_relist_s=FULL_RELIST_EVERY * s.resync_interval_s,
+        )
         self.guard = RunnerGuard()
         self.elector: LeaderElector | None = None
         if s.leader_election:
@@ -127,6 +137,7 @@ class Controller:
         # predate the previous leader's last writes, so we do not serve from it.
         self._leader_since = 0.0 if self.elector is None else float("inf")
         self._added_at: dict[int, float] = {}  # when a waiting key was first added
+        self._last_pass: dict[int, tuple[float, float]] = {}  # env → (started, seconds)
         self._stream_was_connected = False
         self.passes = 0
         self.metrics.leader.labels(CONTROLLER).set(1 if self.elector is None else 0)
@@ -139,6 +150,7 @@ class Controller:
         for n in range(self.settings.workers):
             self._spawn(self._work, f"nrc-worker-{n}")
         self._spawn(self._resync, "nrc-resync")
+        self._spawn(lambda: self.observer.follow(self._stop, self.is_leader), "nrc-observe")
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -210,6 +222,7 @@ class Controller:
             self._resync_now.clear()
 
     def _on_stream(self, connected: bool) -> None:
+        self.observer.set_stream_connected(connected)
         self.metrics.event_stream_connected.set(1 if connected else 0)
         if connected and self._stream_was_connected:
             self.metrics.event_stream_reconnects.inc()
@@ -219,7 +232,7 @@ class Controller:
             self._resync_now.set()
 
     def _on_events(self, index: int, events: list[dict[str, Any]]) -> None:
-        self.observer.note_event_index(index)
+        self.observer.note_event_index(index, events)
         wanted: set[int] = set()
         for event in events:
             topic = event.get("Topic")
@@ -258,6 +271,7 @@ class Controller:
                     self.queue.forget(env_id)
                     self.queue.done(env_id)
                     continue
+                self._space_passes(env_id)
                 try:
                     ok = self.reconcile(env_id)
                 except Exception:
@@ -274,6 +288,19 @@ class Controller:
                     self.queue.add_rate_limited(env_id)
                 self.queue.done(env_id)
             self.metrics.queue_work_seconds.labels(QUEUE).observe(self.clock.monotonic() - started)
+
+    def _space_passes(self, env_id: int) -> None:
+        """Let passes of one environment start no closer than four times what
+        the last one took before its writes (and 20 ms): a pass reads every
+        runner of the environment, and under a stream of claims and events
+        back-to-back passes would take the CPU the claims need. Whatever
+        arrives meanwhile is handled by the pass that follows (the queue keeps
+        the key)."""
+        with self._lock:
+            started, took = self._last_pass.get(env_id, (float("-inf"), 0.0))
+        wait = started + max(PASS_SPACING_MIN_S, 4 * took) - self.clock.monotonic()
+        if wait > 0:
+            self._stop.wait(wait)
 
     def reconcile(self, env_id: int) -> bool:
         """One pass for one environment. False when some write failed."""
@@ -316,11 +343,15 @@ class Controller:
             if held_back > 0:
                 # Without the expectation this pass would have created these again.
                 self.metrics.guard_hits.labels("expectation").inc(held_back)
+        # The pass's own work, without waiting for its writes (spacing, below).
+        read = self.clock.monotonic() - started
         failed = self.actor.execute(env_id, result.actions, template) if result.actions else 0
         if result.wake_at is not None:
             self.queue.add_after(env_id, max(0.0, (result.wake_at - now) / SECOND))
             self.metrics.reconcile_total.labels(CONTROLLER, "requeue_after").inc()
         self.passes += 1
+        with self._lock:
+            self._last_pass[env_id] = (started, read)
         self.metrics.reconcile_seconds.labels(CONTROLLER).observe(self.clock.monotonic() - started)
         return failed == 0
 

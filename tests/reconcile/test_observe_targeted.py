@@ -1,0 +1,326 @@
+"""observe with an event stream: targeted refreshes of the jobs events name,
+full re-lists when they are due, and reads that lag behind the events."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Any
+
+from controller.clock import ManualClock
+from controller.metrics import Metrics
+from controller.model import Allocation, Claim, Environment, Phase
+from controller.nomad import jobs
+from controller.nomad.gateway import AllocListing, JobListing, JobStub, Lock, WriteResult
+from controller.reconcile.expectations import Expectations
+from controller.reconcile.observe import Observer
+from tests.helpers import wait_until
+
+ENV = Environment(id=5, image="python:3.12", prewarming_pool_size=3)
+
+
+def runner_id(n: int) -> str:
+    return jobs.runner_job_id(ENV.id, f"00000000-0000-0000-0000-{n:012d}")
+
+
+class ScopedNomad:
+    """Jobs and allocations in memory, with the filtered lists of NomadClient.
+    Records every read; `lag` makes the next by-id reads answer from before
+    the given jobs existed, at the given index (a follower behind)."""
+
+    def __init__(self) -> None:
+        self.index = 100
+        self.specs: dict[str, dict[str, Any]] = {}
+        self.allocs: dict[str, Allocation] = {}
+        self.reads: list[str] = []
+        self.lag: tuple[int, set[str]] | None = None
+        self.lag_allocs: tuple[int, set[str]] | None = None  # the same, allocations only
+
+    # -- writes the tests make ---------------------------------------------------------
+
+    def put(self, spec: dict[str, Any]) -> dict[str, Any]:
+        self.index += 1
+        old = self.specs.get(spec["ID"])
+        spec = {
+            **spec,
+            "JobModifyIndex": self.index,
+            "CreateIndex": old["CreateIndex"] if old else self.index,
+            "Status": "running",
+            "SubmitTime": 1,
+        }
+        self.specs[spec["ID"]] = spec
+        return spec
+
+    def run(self, job_id: str, status: str = "running") -> Allocation:
+        self.index += 1
+        alloc = Allocation(
+            id=f"alloc-{job_id}",
+            job_id=job_id,
+            client_status=status,
+            create_index=self.index,
+            modify_index=self.index,
+            started_at=1 if status == "running" else None,
+        )
+        self.allocs[alloc.id] = alloc
+        return alloc
+
+    def delete(self, job_id: str) -> None:
+        self.index += 1
+        del self.specs[job_id]
+        self.allocs = {k: a for k, a in self.allocs.items() if a.job_id != job_id}
+
+    # -- NomadGateway ------------------------------------------------------------------
+
+    def _stub(self, spec: dict[str, Any]) -> JobStub:
+        return JobStub(
+            id=spec["ID"],
+            job_modify_index=spec["JobModifyIndex"],
+            modify_index=spec["JobModifyIndex"],
+            create_index=spec["CreateIndex"],
+            submit_time=1,
+            status=spec["Status"],
+            stop=bool(spec.get("Stop")),
+            type="batch",
+        )
+
+    def list_jobs(self, prefix: str = "", index: int = 0, wait_s: float = 0) -> JobListing:
+        self.reads.append("list_jobs")
+        return JobListing(tuple(self._stub(s) for s in self.specs.values()), self.index)
+
+    def list_allocations(self, index: int = 0, wait_s: float = 0) -> AllocListing:
+        self.reads.append("list_allocations")
+        return AllocListing(tuple(self.allocs.values()), self.index)
+
+    def get_job(self, job_id: str) -> dict[str, Any] | None:
+        self.reads.append(f"get_job {job_id}")
+        return self.specs.get(job_id)
+
+    def register_job(self, job: dict[str, Any], enforce_index: int | None = None) -> WriteResult:
+        spec = self.put(job)
+        return WriteResult(self.index, spec["JobModifyIndex"])
+
+    def deregister_job(self, job_id: str, purge: bool = True) -> WriteResult:
+        self.delete(job_id)
+        return WriteResult(self.index, 0)
+
+    def lock_acquire(self, path: str, ttl_s: float, lock_delay_s: float) -> Lock:
+        raise NotImplementedError
+
+    def lock_renew(self, lock: Lock) -> None:
+        raise NotImplementedError
+
+    def lock_release(self, lock: Lock) -> None:
+        raise NotImplementedError
+
+    # -- ScopedLists -------------------------------------------------------------------
+
+    def list_jobs_by_id(self, job_ids: Any) -> JobListing:
+        self.reads.append(f"list_jobs_by_id {sorted(job_ids)}")
+        index, hidden = self.lag or (self.index, set())
+        listed = [j for j in sorted(job_ids) if j in self.specs and j not in hidden]
+        stubs = tuple(self._stub(self.specs[j]) for j in listed)
+        return JobListing(stubs, index)
+
+    def list_allocations_of_jobs(self, job_ids: Any) -> AllocListing:
+        self.reads.append(f"list_allocations_of_jobs {sorted(job_ids)}")
+        index, hidden = self.lag or self.lag_allocs or (self.index, set())
+        self.lag = self.lag_allocs = None
+        allocs = tuple(
+            a for a in self.allocs.values() if a.job_id in job_ids and a.job_id not in hidden
+        )
+        return AllocListing(allocs, index)
+
+    def list_allocation_versions(self) -> AllocListing:
+        self.reads.append("list_allocation_versions")
+        return AllocListing(tuple(self.allocs.values()), self.index)
+
+
+def job_event(job_id: str) -> dict[str, Any]:
+    return {"Topic": "Job", "Key": job_id, "Payload": {"Job": {"ID": job_id}}}
+
+
+def alloc_event(job_id: str) -> dict[str, Any]:
+    return {"Topic": "Allocation", "Key": "a", "Payload": {"Allocation": {"JobID": job_id}}}
+
+
+def setup(
+    runners: int = 3, full_relist_s: float = 300.0
+) -> tuple[ScopedNomad, Observer, Expectations, ManualClock]:
+    nomad = ScopedNomad()
+    template = nomad.put(jobs.template_job(ENV))
+    for n in range(runners):
+        nomad.put(jobs.runner_job(template, ENV, runner_id(n)))
+        nomad.run(runner_id(n))
+    clock = ManualClock()
+    expectations = Expectations(clock)
+    observer = Observer(nomad, clock, expectations, Metrics(), full_relist_s=full_relist_s)
+    observer.set_stream_connected(True)
+    observer.refresh()  # the first refresh is full
+    nomad.reads.clear()
+    return nomad, observer, expectations, clock
+
+
+def test_nothing_named_means_nothing_read() -> None:
+    nomad, observer, _, _ = setup()
+    before = observer.snapshot
+    observer.note_event_index(nomad.index + 1, [{"Topic": "Evaluation", "Key": "e"}])
+    snap = observer.current()
+    assert nomad.reads == []
+    assert snap.runners is before.runners and snap.covers == nomad.index + 1
+
+
+def test_named_jobs_are_read_again_and_nothing_else() -> None:
+    nomad, observer, _, _ = setup()
+    before = observer.snapshot
+    nomad.run(runner_id(1), status="pending")  # a new allocation of runner 1 (replacing)
+    observer.note_event_index(nomad.index, [alloc_event(runner_id(1))])
+    snap = observer.current()
+    assert nomad.reads == [
+        f"list_jobs_by_id {[runner_id(1)]}",
+        f"list_allocations_of_jobs {[runner_id(1)]}",
+    ]
+    assert snap.runners[runner_id(1)].phase is Phase.STARTING
+    # The others are the very same views: nothing was derived again.
+    assert snap.runners[runner_id(0)] is before.runners[runner_id(0)]
+
+
+def test_a_named_job_that_is_no_longer_listed_is_gone() -> None:
+    nomad, observer, expectations, _ = setup()
+    expectations.expect_delete(ENV.id, runner_id(2))
+    nomad.delete(runner_id(2))
+    expectations.deleted(runner_id(2), nomad.index)
+    observer.note_event_index(nomad.index, [job_event(runner_id(2))])
+    snap = observer.current()
+    assert runner_id(2) not in snap.runners
+    assert runner_id(2) not in snap.ready.get(ENV.id, ())
+    assert expectations.pending(ENV.id).deleting == frozenset()
+
+
+def test_a_read_behind_the_events_keeps_a_creation_pending_and_reads_again() -> None:
+    nomad, observer, expectations, _ = setup()
+    template = nomad.specs[jobs.template_job_id(ENV.id)]
+    new = runner_id(3)
+    expectations.expect_create(ENV.id, new)
+    nomad.put(jobs.runner_job(template, ENV, new))
+    written = nomad.index
+    expectations.created(new, written)
+    observer.note_event_index(written, [job_event(new)])
+    # A follower answers from before the new job existed (but after all we saw).
+    nomad.lag = (written - 1, {new})
+    snap = observer.refresh()
+    assert new not in snap.runners
+    assert snap.covers < written
+    assert expectations.pending(ENV.id).creating == 1, "a lagging read must not settle it"
+    # The next read is current: the job shows and the creation is settled.
+    snap = observer.current()
+    assert new in snap.runners and snap.covers >= written
+    assert expectations.pending(ENV.id).creating == 0
+
+
+def test_allocations_read_behind_their_events_keep_the_whole_job_pending() -> None:
+    """The job list is current but the allocation list lags behind the job's
+    allocation event: the job is not judged from that read, and its creation
+    (whose event is older than the lagging one) is not settled by it."""
+    nomad, observer, expectations, _ = setup()
+    template = nomad.specs[jobs.template_job_id(ENV.id)]
+    new = runner_id(3)
+    expectations.expect_create(ENV.id, new)
+    nomad.put(jobs.runner_job(template, ENV, new))
+    expectations.created(new, nomad.index)
+    observer.note_event_index(nomad.index, [job_event(new)])
+    nomad.run(new)
+    observer.note_event_index(nomad.index, [alloc_event(new)])
+    nomad.lag_allocs = (nomad.index - 1, {new})
+    observer.refresh()
+    assert expectations.pending(ENV.id).creating == 1
+    snap = observer.current()
+    assert snap.runners[new].phase is Phase.READY
+    assert expectations.pending(ENV.id).creating == 0
+
+
+def test_a_full_refresh_after_targeted_ones_rebuilds_at_an_unchanged_index() -> None:
+    """Targeted refreshes move the snapshot's indexes to the tables' without
+    listing everything; a full list at that index must still be merged."""
+    nomad, observer, expectations, _ = setup()
+    template = nomad.specs[jobs.template_job_id(ENV.id)]
+    heard, missed = runner_id(3), runner_id(4)
+    for job_id in (heard, missed):
+        expectations.expect_create(ENV.id, job_id)
+        nomad.put(jobs.runner_job(template, ENV, job_id))
+        expectations.created(job_id, nomad.index)
+    observer.note_event_index(nomad.index, [job_event(heard)])  # the other event was lost
+    assert missed not in observer.current().runners
+    snap = observer.refresh(full=True)
+    assert {heard, missed} <= set(snap.runners)
+    assert expectations.pending(ENV.id).creating == 0
+
+
+def test_full_re_lists_without_a_stream_after_a_reconnection_and_when_due() -> None:
+    nomad, observer, _, clock = setup(full_relist_s=60)
+    observer.refresh()
+    assert nomad.reads == []  # connected, nothing named: nothing read
+    observer.set_stream_connected(False)
+    observer.refresh()
+    assert "list_jobs" in nomad.reads
+    nomad.reads.clear()
+    observer.set_stream_connected(True)  # events may have been missed meanwhile
+    observer.refresh()
+    assert "list_jobs" in nomad.reads
+    nomad.reads.clear()
+    observer.refresh()
+    assert nomad.reads == []
+    clock.advance(61)
+    observer.refresh()
+    assert "list_jobs" in nomad.reads
+    # Once observed, a full re-list reads the allocations briefly and re-reads
+    # only jobs whose allocations changed.
+    assert "list_allocations" not in nomad.reads
+    assert "list_allocation_versions" in nomad.reads
+
+
+def test_a_full_re_list_reads_in_full_only_jobs_whose_allocations_changed() -> None:
+    nomad, observer, _, _ = setup()
+    nomad.run(runner_id(0), status="failed")
+    snap = observer.refresh(full=True)
+    assert nomad.reads == [
+        "list_jobs",
+        "list_allocation_versions",
+        f"list_allocations_of_jobs {[runner_id(0)]}",
+    ]
+    assert snap.runners[runner_id(0)].phase is not Phase.READY
+
+
+def test_claimable_runners_stay_oldest_first_through_claims_and_changes() -> None:
+    nomad, observer, _, _ = setup(runners=4)
+    ids = [runner_id(n) for n in range(4)]
+    assert [v.id for v in observer.snapshot.claimable(ENV.id)] == ids
+    spec = jobs.with_claim(nomad.specs[ids[0]], Claim(alloc_id=f"alloc-{ids[0]}"))
+    result = nomad.register_job(spec)
+    observer.apply_spec(ids[0], {**spec, "JobModifyIndex": result.job_modify_index})
+    observer.forget(ids[2])
+    assert [v.id for v in observer.snapshot.claimable(ENV.id)] == [ids[1], ids[3]]
+    # Runner 1 stops being ready, then is ready again: back in its place.
+    nomad.run(ids[1], status="pending")
+    observer.note_event_index(nomad.index, [alloc_event(ids[1])])
+    assert [v.id for v in observer.current().claimable(ENV.id)] == [ids[3]]
+    nomad.allocs[f"alloc-{ids[1]}"] = replace(
+        nomad.allocs[f"alloc-{ids[1]}"], client_status="running", modify_index=nomad.index + 1
+    )
+    nomad.index += 1
+    observer.note_event_index(nomad.index, [alloc_event(ids[1])])
+    assert [v.id for v in observer.current().claimable(ENV.id)] == [ids[1], ids[3]]
+
+
+def test_follow_refreshes_soon_after_events() -> None:
+    nomad, observer, _, _ = setup()
+    stop = threading.Event()
+    thread = threading.Thread(target=observer.follow, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        nomad.run(runner_id(2), status="pending")
+        observer.note_event_index(nomad.index, [alloc_event(runner_id(2))])
+        wait_until(lambda: observer.snapshot.runners[runner_id(2)].phase is Phase.STARTING)
+    finally:
+        stop.set()
+        thread.join(5)
+    assert not thread.is_alive()
