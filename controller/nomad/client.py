@@ -185,16 +185,7 @@ class NomadClient:
 
     def list_jobs(self, prefix: str = "", index: int = 0, wait_s: float = 0) -> JobListing:
         params: dict[str, Any] = {"prefix": prefix or None, **self._blocking(index, wait_s)}
-        timeout = self._read_timeout(index, wait_s)
-        reply = self._call(
-            "list_jobs",
-            lambda: self._jobs.request(method="get", params=dict(params), timeout=timeout),
-        )
-        stubs = reply.body if isinstance(reply.body, list) else []
-        return JobListing(
-            jobs=tuple(decode_job_stub(s) for s in stubs if isinstance(s, dict)),
-            index=reply.index,
-        )
+        return self._job_listing(params, self._read_timeout(index, wait_s))
 
     def get_job(self, job_id: str) -> JsonDict | None:
         reply = self._call(
@@ -212,16 +203,7 @@ class NomadClient:
             "task_states": "true",
             **self._blocking(index, wait_s),
         }
-        timeout = self._read_timeout(index, wait_s)
-        reply = self._call(
-            "list_allocations",
-            lambda: self._allocations.request(method="get", params=dict(params), timeout=timeout),
-        )
-        stubs = reply.body if isinstance(reply.body, list) else []
-        return AllocListing(
-            allocations=tuple(decode_allocation(a) for a in stubs if isinstance(a, dict)),
-            index=reply.index,
-        )
+        return self._alloc_listing(params, self._read_timeout(index, wait_s))
 
     def list_jobs_by_id(self, job_ids: Collection[str]) -> JobListing:
         """Stubs of those of the jobs that exist (a `filter` expression per
@@ -249,22 +231,22 @@ class NomadClient:
     def list_allocation_versions(self) -> AllocListing:
         """Every allocation of the namespace without task states or resources:
         a quarter of the bytes, enough to tell which allocations changed."""
-        params = {"task_states": "false"}
-        reply = self._call(
-            "list_allocations",
-            lambda: self._allocations.request(method="get", params=dict(params)),
-        )
-        stubs = reply.body if isinstance(reply.body, list) else []
-        return AllocListing(
-            allocations=tuple(decode_allocation(a) for a in stubs if isinstance(a, dict)),
-            index=reply.index,
-        )
+        return self._alloc_listing({"task_states": "false"})
 
     def _list_jobs_filtered(self, expression: str) -> JobListing:
-        params = {"filter": expression}
+        return self._job_listing({"filter": expression})
+
+    def _list_allocations_filtered(self, expression: str) -> AllocListing:
+        params = {"resources": "true", "task_states": "true", "filter": expression}
+        return self._alloc_listing(params)
+
+    def _job_listing(
+        self, params: dict[str, Any], timeout: tuple[float, float] | None = None
+    ) -> JobListing:
+        timeout = timeout or self._read_timeout(0, 0)
         reply = self._call(
             "list_jobs",
-            lambda: self._jobs.request(method="get", params=dict(params)),
+            lambda: self._jobs.request(method="get", params=dict(params), timeout=timeout),
         )
         stubs = reply.body if isinstance(reply.body, list) else []
         return JobListing(
@@ -272,11 +254,13 @@ class NomadClient:
             index=reply.index,
         )
 
-    def _list_allocations_filtered(self, expression: str) -> AllocListing:
-        params = {"resources": "true", "task_states": "true", "filter": expression}
+    def _alloc_listing(
+        self, params: dict[str, Any], timeout: tuple[float, float] | None = None
+    ) -> AllocListing:
+        timeout = timeout or self._read_timeout(0, 0)
         reply = self._call(
             "list_allocations",
-            lambda: self._allocations.request(method="get", params=dict(params)),
+            lambda: self._allocations.request(method="get", params=dict(params), timeout=timeout),
         )
         stubs = reply.body if isinstance(reply.body, list) else []
         return AllocListing(

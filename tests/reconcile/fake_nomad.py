@@ -54,7 +54,20 @@ class Write:
         return self.meta.get(jobs.META_LOST_REASON) if self.kind == "register" else None
 
 
-class FakeNomad:
+class NoLocks:
+    """The lock half of the gateway, for fakes of tests that run no leader election."""
+
+    def lock_acquire(self, path: str, ttl_s: float, lock_delay_s: float) -> Lock:
+        raise NotImplementedError
+
+    def lock_renew(self, lock: Lock) -> None:
+        raise NotImplementedError
+
+    def lock_release(self, lock: Lock) -> None:
+        raise NotImplementedError
+
+
+class FakeNomad(NoLocks):
     """Jobs and allocations of one namespace, in memory."""
 
     def __init__(self, clock: Clock, index: int = 10) -> None:
@@ -170,12 +183,3 @@ class FakeNomad:
         self.specs.pop(job_id, None)
         self.writes.append(Write("deregister", job_id, self.index))
         return WriteResult(self.index, 0)
-
-    def lock_acquire(self, path: str, ttl_s: float, lock_delay_s: float) -> Lock:
-        raise NotImplementedError
-
-    def lock_renew(self, lock: Lock) -> None:
-        raise NotImplementedError
-
-    def lock_release(self, lock: Lock) -> None:
-        raise NotImplementedError

@@ -13,18 +13,18 @@ from controller.nomad.gateway import (
     AllocListing,
     JobListing,
     JobStub,
-    Lock,
     NomadUnavailable,
     WriteResult,
 )
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.observe import Observer
+from tests.reconcile.fake_nomad import NoLocks
 
 ENV = Environment(id=7, image="python:3.12", prewarming_pool_size=2)
 UIDS = [f"00000000-0000-0000-0000-{n:012d}" for n in range(10)]
 
 
-class FakeGateway:
+class FakeGateway(NoLocks):
     """Jobs and allocations in memory; counts reads; hooks to misbehave."""
 
     def __init__(self) -> None:
@@ -78,15 +78,6 @@ class FakeGateway:
         self.index += 1
         self.specs.pop(job_id, None)
         return WriteResult(self.index, 0)
-
-    def lock_acquire(self, path: str, ttl_s: float, lock_delay_s: float) -> Lock:
-        raise NotImplementedError
-
-    def lock_renew(self, lock: Lock) -> None:
-        raise NotImplementedError
-
-    def lock_release(self, lock: Lock) -> None:
-        raise NotImplementedError
 
 
 def setup(runners: int = 2) -> tuple[FakeGateway, Observer, list[str]]:

@@ -11,10 +11,11 @@ from controller.clock import ManualClock
 from controller.metrics import Metrics
 from controller.model import Allocation, Claim, Environment, Phase
 from controller.nomad import jobs
-from controller.nomad.gateway import AllocListing, JobListing, JobStub, Lock, WriteResult
+from controller.nomad.gateway import AllocListing, JobListing, JobStub, WriteResult
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.observe import Observer
 from tests.helpers import wait_until
+from tests.reconcile.fake_nomad import NoLocks
 
 ENV = Environment(id=5, image="python:3.12", prewarming_pool_size=3)
 
@@ -23,7 +24,7 @@ def runner_id(n: int) -> str:
     return jobs.runner_job_id(ENV.id, f"00000000-0000-0000-0000-{n:012d}")
 
 
-class ScopedNomad:
+class ScopedNomad(NoLocks):
     """Jobs and allocations in memory, with the filtered lists of NomadClient.
     Records every read; `lag` makes the next by-id reads answer from before
     the given jobs existed, at the given index (a follower behind)."""
@@ -102,15 +103,6 @@ class ScopedNomad:
     def deregister_job(self, job_id: str, purge: bool = True) -> WriteResult:
         self.delete(job_id)
         return WriteResult(self.index, 0)
-
-    def lock_acquire(self, path: str, ttl_s: float, lock_delay_s: float) -> Lock:
-        raise NotImplementedError
-
-    def lock_renew(self, lock: Lock) -> None:
-        raise NotImplementedError
-
-    def lock_release(self, lock: Lock) -> None:
-        raise NotImplementedError
 
     # -- ScopedLists -------------------------------------------------------------------
 
