@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run sim test lint typecheck unit chaos clean
+.PHONY: run sim test lint typecheck unit chaos bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ test: lint typecheck unit
 SEEDS ?= 50
 chaos: $(STAMP)
 	$(BIN)/pytest tests/chaos -q --chaos-seeds=$(SEEDS)
+
+# Benchmarks: JSON per benchmark in bench/results/, a table on stdout.
+bench: $(STAMP)
+	$(BIN)/python -m bench
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

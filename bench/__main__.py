@@ -1,0 +1,69 @@
+"""`python -m bench [name ...] [--quick]`: run the benchmarks (all by default),
+write bench/results/<name>.json for each and print the table.
+
+Names: claims, convergence, event_to_ready, pass_cost, steady_load (which also
+writes memory). A benchmark that breaks is reported and the others still run;
+the exit status is 0 unless one could not run at all (targets missed are
+reported, never a failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from collections.abc import Callable
+
+from bench import b1_claims, b2_convergence, b3_event_to_ready, b4_pass_cost, b5_steady
+from bench.common import Result, machine, render_table, write_result
+
+BENCHMARKS: dict[str, Callable[[bool], list[Result]]] = {
+    "claims": lambda quick: [b1_claims.run(quick)],
+    "convergence": lambda quick: [b2_convergence.run(quick)],
+    "event_to_ready": lambda quick: [b3_event_to_ready.run(quick)],
+    "pass_cost": lambda quick: [b4_pass_cost.run(quick)],
+    "steady_load": b5_steady.run,  # steady_load and memory
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("names", nargs="*", choices=[*BENCHMARKS, []], metavar="name")
+    parser.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
+    args = parser.parse_args(argv)
+    names = args.names or list(BENCHMARKS)
+    facts = machine()
+    print(
+        f"machine: {facts['cpu_count']} CPUs ({facts['cpu_model'] or 'unknown model'}), "
+        f"Python {facts['python']}, {facts['memory_total_mb']} MB",
+        flush=True,
+    )
+    results: list[Result] = []
+    broken: list[str] = []
+    began = time.perf_counter()
+    for name in names:
+        print(f"-- {name} ...", flush=True)
+        started = time.perf_counter()
+        try:
+            produced = BENCHMARKS[name](args.quick)
+        except Exception:
+            traceback.print_exc()
+            broken.append(name)
+            continue
+        for result in produced:
+            result.duration_s = time.perf_counter() - started
+            path = write_result(result, facts)
+            results.append(result)
+            print(f"   {result.benchmark}: {result.duration_s:.0f} s, wrote {path}", flush=True)
+    print()
+    print(render_table(results))
+    print(f"\n{len(results)} result files in {time.perf_counter() - began:.0f} s", flush=True)
+    if broken:
+        print(f"could not run: {', '.join(broken)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,261 @@
+"""The controller service in its own process, for the benchmarks.
+
+It runs what `nomad-runner-controller run` runs (settings from the
+environment, `controller.service.build` and `serve`), and records a few
+things the benchmarks read from `GET /_bench/probe` on its API port:
+
+- every claim write (a register with EnforceIndex on an existing job): its
+  job id and how long the Nomad request took, so a claim's latency can be
+  split into the Nomad write and the controller's own share;
+- requests to Nomad and the bytes of their answers (the event stream, a
+  separate session, is not counted);
+- with `BENCH_TRACK_READY=1`, when each runner first became claimable (the
+  snapshot shows it ready) next to when its allocation started running.
+
+`?reset=1` clears what was recorded. Prints `READY <api address>` once the API
+listens; SIGTERM stops it.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import requests
+
+from controller.config import load_settings
+from controller.logs import configure_logging
+from controller.model import Phase
+from controller.nomad.gateway import JsonDict, WriteResult
+from controller.reconcile.observe import Snapshot
+from controller.service import Service, build, serve
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds by kind of thread (name without its number): which part of
+    the controller spends the process's CPU."""
+    import re
+
+    import psutil  # type: ignore[import-untyped]
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for t in psutil.Process().threads():
+        name = re.sub(r"[-_]\d+$", "", names.get(t.id, "other"))
+        name = re.sub(r"\s*\(.*\)$", "", name)
+        out[name] = out.get(name, 0.0) + t.user_time + t.system_time
+    return out
+
+
+class Probe:
+    def __init__(self, service: Service, track_ready: bool) -> None:
+        self._lock = threading.Lock()
+        self.claim_writes: dict[str, float] = {}
+        self.requests: dict[str, int] = {}
+        self.bytes: dict[str, int] = {}
+        self.ready: dict[str, tuple[int, int | None]] = {}
+        controller = service.controller
+        gateway: Any = controller.gateway
+        self._observer = controller.observer
+        register: Callable[..., WriteResult] = gateway.register_job
+
+        def timed_register(job: JsonDict, enforce_index: int | None = None) -> WriteResult:
+            started = time.perf_counter()
+            result = register(job, enforce_index)
+            if enforce_index:
+                with self._lock:
+                    self.claim_writes[str(job.get("ID"))] = time.perf_counter() - started
+            return result
+
+        gateway.register_job = timed_register
+        session: requests.Session = gateway._session
+        session.hooks["response"].append(self._count)
+        if track_ready:
+            observe: Callable[[], Snapshot] = controller.observer._observe
+
+            def tracked() -> Snapshot:
+                snap = observe()
+                self._note_ready(snap)
+                return snap
+
+            controller.observer._observe = tracked  # type: ignore[method-assign]
+
+    def _count(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        path = (response.request.path_url or "").split("?")[0]
+        if path.startswith("/v1/job/"):
+            path = "/v1/job/:id"
+        key = f"{response.request.method} {path}"
+        size = len(response.content)
+        with self._lock:
+            self.requests[key] = self.requests.get(key, 0) + 1
+            self.bytes[key] = self.bytes.get(key, 0) + size
+
+    def _note_ready(self, snap: Snapshot) -> None:
+        now = time.time_ns()
+        with self._lock:
+            for runner_id, view in snap.runners.items():
+                if runner_id in self.ready or view.phase is not Phase.READY or view.alloc is None:
+                    continue
+                self.ready[runner_id] = (now, view.alloc.started_at)
+
+    def report(self, reset: bool = False) -> dict[str, Any]:
+        with self._lock:
+            out = {
+                "claim_writes": dict(self.claim_writes),
+                "requests": dict(self.requests),
+                "bytes": dict(self.bytes),
+                "ready": {k: list(v) for k, v in self.ready.items()},
+                "refreshes": dict(self._observer.refreshes),
+                "gc": gc.get_stats(),
+                "threads": threading.active_count(),
+                "thread_cpu_s": thread_cpu(),
+            }
+            if reset:
+                self.claim_writes.clear()
+                self.requests.clear()
+                self.bytes.clear()
+                self.ready.clear()
+        return out
+
+
+def _profile_threads(path: str) -> Callable[[], None]:
+    """cProfile in every thread started from now on (and this one); the
+    merged statistics are written to `path` by the returned function."""
+    import cProfile
+    import pstats
+
+    profiles: list[cProfile.Profile] = []
+
+    def start(*_: Any) -> None:
+        profile = cProfile.Profile()
+        profiles.append(profile)
+        profile.enable()
+
+    threading.setprofile(start)
+    start()
+
+    def dump() -> None:
+        for profile in profiles:
+            profile.disable()
+        stats = pstats.Stats(*profiles)
+        stats.dump_stats(path)
+
+    return dump
+
+
+_BLOCKING = {
+    ("threading.py", "wait"),
+    ("threading.py", "_wait_for_tstate_lock"),
+    ("selectors.py", "select"),
+    ("socket.py", "readinto"),
+    ("socket.py", "accept"),
+    ("queue.py", "get"),
+    ("ctlproc.py", "_run"),
+    ("thread.py", "_worker"),
+    ("observe.py", "snapshot"),
+    ("client.py", "send"),
+}
+
+
+class Sampler:
+    """A poor man's all-thread sampling profiler (cProfile and pyinstrument see
+    one thread): every 2 ms, each thread not blocked in a wait counts one
+    sample for every function on its stack. Started and written to a file
+    through `/_bench/probe?sample=start` and `?sample=<path>`."""
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.inclusive: dict[str, int] = {}
+        self.own: dict[str, int] = {}
+        self.rounds = 0
+
+    def start(self) -> None:
+        self.stop()
+        self.inclusive, self.own, self.rounds = {}, {}, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def write(self, path: str) -> None:
+        self.stop()
+        with open(path, "w") as out:
+            out.write(f"{self.rounds} sampling rounds of every 2 ms\n\n== own ==\n")
+            for name, n in sorted(self.own.items(), key=lambda kv: -kv[1])[:60]:
+                out.write(f"{n:8d}  {name}\n")
+            out.write("\n== inclusive ==\n")
+            for name, n in sorted(self.inclusive.items(), key=lambda kv: -kv[1])[:150]:
+                out.write(f"{n:8d}  {name}\n")
+
+    def _run(self) -> None:
+        import sys
+
+        me = threading.get_ident()
+        while not self._stop.wait(self.interval_s):
+            self.rounds += 1
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                top = (os.path.basename(frame.f_code.co_filename), frame.f_code.co_name)
+                if top in _BLOCKING:
+                    continue
+                seen: set[str] = set()
+                f: Any = frame
+                while f is not None:
+                    code = f.f_code
+                    where = os.path.relpath(code.co_filename)
+                    name = f"{where}:{code.co_firstlineno}:{code.co_name}"
+                    if not seen:
+                        self.own[name] = self.own.get(name, 0) + 1
+                    if name not in seen:
+                        self.inclusive[name] = self.inclusive.get(name, 0) + 1
+                        seen.add(name)
+                    f = f.f_back
+
+
+def main() -> int:
+    profile_to = os.environ.get("BENCH_PROFILE")
+    dump = _profile_threads(profile_to) if profile_to else None
+    settings = load_settings()
+    configure_logging(settings.log_level, settings.effective_log_format)
+    service = build(settings)
+    probe = Probe(service, os.environ.get("BENCH_TRACK_READY") == "1")
+
+    sampler = Sampler()
+
+    def bench_probe(reset: int = 0, sample: str = "") -> dict[str, Any]:
+        if sample == "start":
+            sampler.start()
+        elif sample:
+            sampler.write(sample)
+        return probe.report(bool(reset))
+
+    service.app.add_api_route("/_bench/probe", bench_probe, methods=["GET"])
+    tokens = os.environ.get("BENCH_API_THREADS")
+    if tokens:
+        import anyio.to_thread
+
+        @service.app.on_event("startup")
+        async def limit_threads() -> None:
+            anyio.to_thread.current_default_thread_limiter().total_tokens = int(tokens)
+
+    try:
+        return serve(service, lambda api: print(f"READY {api}", flush=True))
+    finally:
+        if dump is not None:
+            dump()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

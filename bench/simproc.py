@@ -1,0 +1,165 @@
+"""The Nomad simulator in its own process, for the benchmarks.
+
+It is `controller.sim` as `nomad-runner-controller sim` serves it, plus three
+routes under `/_bench/` that the benchmarks use to set the cluster up without
+paying for it through HTTP (none of them is part of Nomad or of `/_sim`):
+
+- `POST /_bench/seed {"env_id", "runners", "pool"}` registers the template
+  job of the environment (with that pool size) and `runners` runner jobs in
+  Poseidon's layout (`controller.nomad.jobs`), exactly as the controller
+  would write them, directly on the simulator's loop;
+- `GET /_bench/status` counts jobs, allocations and running allocations;
+- `POST /_bench/touch {"ids", "kind"}` changes runners as another writer or
+  the cluster would: `job` re-registers each job with one more meta key (a
+  new JobModifyIndex; the allocation is updated in place), `crash` makes each
+  runner's task exit (it restarts in place).
+
+Prints `READY <address>` once it listens; SIGTERM stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import uuid
+from typing import Any
+
+import uvicorn
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from controller.model import Environment
+from controller.nomad import jobs
+from controller.sim import SimConfig, Simulator
+from controller.sim.server import create_app
+
+NAMESPACE = "default"
+
+
+def _environment(env_id: int, pool: int) -> Environment:
+    return Environment(
+        id=env_id,
+        image="python:3.12-slim",
+        cpu_limit=100,
+        memory_limit=256,
+        network_access=False,
+        exposed_ports=(),
+        prewarming_pool_size=pool,
+    )
+
+
+def bench_routes(sim: Simulator) -> list[Route]:
+    rng = random.Random(7)
+
+    async def seed(request: Request) -> Response:
+        body: dict[str, Any] = await request.json()
+        env = _environment(int(body["env_id"]), int(body.get("pool", body["runners"])))
+        sim.register_job(jobs.template_job(env), NAMESPACE, False, 0)
+        template = sim.store.job(NAMESPACE, jobs.template_job_id(env.id))
+        assert template is not None
+        base = json.dumps(jobs.runner_job(template.spec, env, jobs.runner_job_id(env.id, "x")))
+        ids = []
+        for n in range(int(body["runners"])):
+            job_id = jobs.runner_job_id(env.id, str(uuid.UUID(int=rng.getrandbits(128), version=4)))
+            spec = json.loads(base)
+            spec["ID"] = spec["Name"] = job_id
+            sim.register_job(spec, NAMESPACE, False, 0)
+            ids.append(job_id)
+            if n % 100 == 99:
+                await asyncio.sleep(0)  # let the scheduler and clients run
+        return JSONResponse({"index": sim.store.index, "ids": ids})
+
+    async def status(request: Request) -> Response:
+        allocs = sim.store.allocs.values()
+        return JSONResponse(
+            {
+                "index": sim.store.index,
+                "jobs": len(sim.store.jobs),
+                "registered": sim.store.jobs_ever_registered,
+                "allocs": len(sim.store.allocs),
+                "running": sum(1 for a in allocs if a.client_status == "running"),
+                "requests": sim.requests,
+            }
+        )
+
+    async def touch(request: Request) -> Response:
+        body: dict[str, Any] = await request.json()
+        kind = body.get("kind", "job")
+        touched = 0
+        for job_id in body["ids"]:
+            rec = sim.store.job(NAMESPACE, job_id)
+            if rec is None:
+                continue
+            if kind == "crash":
+                allocs = sim.store.job_allocs(NAMESPACE, job_id)
+                running = [a for a in allocs if a.client_status == "running"]
+                if running:
+                    sim.task_exit(running[-1].id, oom=False)
+                    touched += 1
+                continue
+            spec = json.loads(json.dumps(rec.spec))
+            for group in spec["TaskGroups"]:
+                if group["Name"] == jobs.CONFIG_GROUP:
+                    meta = dict(group.get("Meta") or {})
+                    meta["bench_touch"] = str(int(meta.get("bench_touch", "0")) + 1)
+                    group["Meta"] = meta
+            sim.register_job(spec, NAMESPACE, False, 0)
+            touched += 1
+        return JSONResponse({"index": sim.store.index, "touched": touched})
+
+    return [
+        Route("/_bench/seed", seed, methods=["POST"]),
+        Route("/_bench/status", status, methods=["GET"]),
+        Route("/_bench/touch", touch, methods=["POST"]),
+    ]
+
+
+class _Server(uvicorn.Server):
+    """Says READY once it listens."""
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            print(f"READY http://{self.config.host}:{self.config.port}", flush=True)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    sim = Simulator(
+        SimConfig(
+            nodes=args.nodes,
+            startup_delay_ms=args.startup_delay * 1000,
+            stop_delay_ms=args.stop_delay * 1000,
+            event_buffer_size=args.event_buffer,
+        )
+    )
+    app = create_app(sim)
+    app.router.routes.extend(bench_routes(sim))
+    server = _Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=args.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+        )
+    )
+    await server.serve()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.simproc")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--nodes", type=int, default=25)
+    parser.add_argument("--startup-delay", type=float, default=0.5)
+    parser.add_argument("--stop-delay", type=float, default=0.2)
+    parser.add_argument("--event-buffer", type=int, default=100)
+    asyncio.run(serve(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
