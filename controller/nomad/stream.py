@@ -119,7 +119,11 @@ class EventStream:
         if response is not None:
             _abort(response)
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
+        if (
+            thread is not None
+            and thread.ident is not None
+            and thread is not threading.current_thread()
+        ):
             thread.join(timeout_s)
             if thread.is_alive():
                 log.warning("event stream thread did not stop within %.1fs", timeout_s)

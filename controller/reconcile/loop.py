@@ -210,8 +210,13 @@ class Controller:
                 self.claims.prune(frozenset(snap.runners))
                 if self._stream is None and self._stream_factory is not None:
                     start = max(snap.jobs_index, snap.allocs_index) + 1
-                    self._stream = self._stream_factory(self._on_events, self._on_stream, start)
-                    self._stream.start()
+                    stream = self._stream_factory(self._on_events, self._on_stream, start)
+                    # Started before stop() can see it, and stopped here when
+                    # stop() came meanwhile: stop() never meets a half-made stream.
+                    stream.start()
+                    self._stream = stream
+                    if self._stop.is_set():
+                        stream.stop()
                 for env_id in snap.env_ids() | set(self._gauged):
                     self.enqueue(env_id)
             except Exception as exc:
