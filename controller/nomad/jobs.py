@@ -13,7 +13,7 @@ Pure functions over job specs (JSON dicts as Nomad reads and writes them).
 
 from __future__ import annotations
 
-import copy
+import json
 import re
 from typing import Any
 
@@ -185,7 +185,10 @@ def template_job(env: Environment) -> JsonDict:
 
 
 def _clean_copy(spec: JsonDict) -> JsonDict:
-    out = copy.deepcopy(spec)
+    # A spec is JSON: a round trip through the C codec copies it several
+    # times faster than copy.deepcopy (which a claim would otherwise spend a
+    # fifth of its CPU on).
+    out: JsonDict = json.loads(json.dumps(spec))
     for key in _SERVER_FIELDS:
         out.pop(key, None)
     return out
