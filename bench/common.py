@@ -108,9 +108,9 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write_result(result: Result, facts: Mapping[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{result.benchmark}.json"
+def write_result(result: Result, facts: Mapping[str, Any], directory: Path = RESULTS) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{result.benchmark}.json"
     body = {
         "benchmark": result.benchmark,
         "title": result.title,

@@ -1,0 +1,89 @@
+"""The benchmark harness's own arithmetic: targets judged, percentiles, the
+JSON each benchmark writes and the table. The benchmarks themselves run with
+`make bench` and never in the test suite (they report, they do not fail)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.common import (
+    Figure,
+    Result,
+    machine,
+    metric_sum,
+    percentile,
+    render_table,
+    summary_ms,
+    write_result,
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "target", "met"),
+    [
+        (9.9, "<= 10", True),
+        (10.0, "<= 10", True),
+        (10.1, "<= 10", False),
+        (500.0, ">= 500", True),
+        (499.9, ">= 500", False),
+        (1000.0, "== 1000", True),
+        (1001.0, "== 1000", False),
+        (5.0, "", None),
+        (None, "<= 10", None),
+        (5.0, "about 10", None),
+    ],
+)
+def test_a_figure_is_judged_against_its_target(
+    value: float | None, target: str, met: bool | None
+) -> None:
+    assert Figure("f", value, "ms", target).met is met
+
+
+def test_percentiles_interpolate_between_ranks() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile(list(map(float, range(101))), 99) == pytest.approx(99.0)
+    summary = summary_ms([0.001, 0.002, 0.003])
+    assert summary["n"] == 3
+    assert summary["p50_ms"] == pytest.approx(2.0)
+    assert summary["max_ms"] == pytest.approx(3.0)
+    assert summary["mean_ms"] == pytest.approx(2.0)
+
+
+def test_a_result_file_holds_machine_facts_figures_and_verdicts(tmp_path: Path) -> None:
+    result = Result("claims", "Claim latency")
+    result.add("claim p99", 12.3456, "ms", "<= 10")
+    result.add("claims/s", 600.0, "1/s", ">= 500")
+    result.details["runs"] = [{"n": 1}]
+    facts = machine()
+    path = write_result(result, facts, tmp_path)
+    body = json.loads(path.read_text())
+    assert path.name == "claims.json"
+    assert body["machine"]["cpu_count"] >= 1
+    assert body["machine"]["python"].count(".") == 2
+    assert [(f["name"], f["value"], f["met"]) for f in body["figures"]] == [
+        ("claim p99", 12.346, False),
+        ("claims/s", 600.0, True),
+    ]
+    assert body["details"] == {"runs": [{"n": 1}]}
+    table = render_table([result])
+    assert "| claims | claim p99 | 12.3 ms | <= 10 ms | MISSED |" in table
+    assert "| claims | claims/s | 600 1/s | >= 500 1/s | met |" in table
+
+
+def test_metric_sum_adds_the_samples_whose_labels_match() -> None:
+    text = "\n".join(
+        [
+            "# HELP nrc_claims_total Claims.",
+            'nrc_claims_total{outcome="claimed"} 7.0',
+            'nrc_claims_total{outcome="empty"} 2.0',
+            'nrc_claims_total_created{outcome="claimed"} 1.7e9',
+        ]
+    )
+    assert metric_sum(text, "nrc_claims_total") == 9.0
+    assert metric_sum(text, "nrc_claims_total", {"outcome": "empty"}) == 2.0
+    assert metric_sum(text, "nrc_missing") == 0.0
