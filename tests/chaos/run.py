@@ -58,6 +58,10 @@ def sim_config(scenario: Scenario) -> SimConfig:
 
 
 DELETED = re.compile(r"^deleted runner (\S+) \((\w+)\)$")
+# A deletion that failed (a 500 burst): the pool stopped counting the runner
+# when it was planned, so a REPLACING reason still stands for a replacement
+# even when the runner is deleted later for another reason (orphan, surplus).
+DELETE_FAILED = re.compile(r"^deleting runner (\S+) \((\w+)\): ")
 RELEASED = re.compile(r"^released runner (\S+)")
 # Idle runners deleted for these reasons are replaced by a new job (invariant 5).
 REPLACING = frozenset({"outdated", "dead", "failed_to_start", "startup_timeout"})
@@ -289,29 +293,36 @@ class ChaosRun:
                     f"{'gone' if job is None else 'idle'} in Nomad"
                 )
 
-    def _deletions(self) -> tuple[dict[str, str], set[str]]:
-        """Runner deletions the controllers logged (runner → reason), and releases."""
+    def _deletions(self) -> tuple[dict[str, str], set[str], set[str]]:
+        """Runner deletions the controllers logged (runner → reason), releases, and
+        the runners the controllers set out to replace (a deletion for a
+        REPLACING reason logged, done or failed)."""
         lines, _ = self.controller.log_lines()
         deleted: dict[str, str] = {}
         released: set[str] = set()
+        replacing: set[str] = set()
         for line in lines:
+            for pattern in (DELETED, DELETE_FAILED):
+                match = pattern.match(line.message)
+                if match and match.group(2) in REPLACING:
+                    replacing.add(match.group(1))
             match = DELETED.match(line.message)
             if match:
                 deleted[match.group(1)] = match.group(2)
             match = RELEASED.match(line.message)
             if match:
                 released.add(match.group(1))
-        return deleted, released
+        return deleted, released, replacing
 
     def _check_bound(self, expected: dict[int, EnvSpec]) -> None:
         """Invariant 5: created ≤ pool increases + claims + replacements, per environment."""
-        deleted, released = self._deletions()
+        deleted, released, replacing = self._deletions()
         records = self.ledger.all_runners()
         envs = {r.env_id for r in records} | set(expected)
         for env_id in sorted(envs):
             mine = [r for r in records if r.env_id == env_id]
             claims = sum(1 for r in mine if r.claims)
-            replaced = sum(1 for r in mine if deleted.get(r.job_id) in REPLACING)
+            replaced = sum(1 for r in mine if r.job_id in replacing)
             unattributed = sum(
                 1
                 for r in mine
