@@ -525,6 +525,10 @@ class Observer:
         ]
         if not changed:
             return AllocListing(tuple(allocations), brief.index)
+        if len(changed) > TARGETED_MAX_JOBS:
+            # After a long disconnection: one full list beats hundreds of
+            # filtered ones.
+            return self._gateway.list_allocations()
         detail = self._scoped.list_allocations_of_jobs(changed)
         # The details are at least as new as the brief list (the lower index
         # of the two marks a stale read).

@@ -7,11 +7,14 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from controller.clock import ManualClock
 from controller.metrics import Metrics
 from controller.model import Allocation, Claim, Environment, Phase
 from controller.nomad import jobs
 from controller.nomad.gateway import AllocListing, JobListing, JobStub, WriteResult
+from controller.reconcile import observe
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.observe import Observer
 from tests.helpers import wait_until
@@ -280,6 +283,23 @@ def test_a_full_re_list_reads_in_full_only_jobs_whose_allocations_changed() -> N
         f"list_allocations_of_jobs {[runner_id(0)]}",
     ]
     assert snap.runners[runner_id(0)].phase is not Phase.READY
+
+
+def test_a_full_re_list_with_too_many_changed_jobs_lists_all_allocations_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    nomad, observer, _, _ = setup(runners=4)
+    monkeypatch.setattr(observe, "TARGETED_MAX_JOBS", 2)
+    for n in range(3):
+        nomad.run(runner_id(n), status="failed")
+    snap = observer.refresh(full=True)
+    assert nomad.reads == ["list_jobs", "list_allocation_versions", "list_allocations"]
+    assert [snap.runners[runner_id(n)].phase is Phase.READY for n in range(4)] == [
+        False,
+        False,
+        False,
+        True,
+    ]
 
 
 def test_claimable_runners_stay_oldest_first_through_claims_and_changes() -> None:
