@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Container
 from dataclasses import dataclass
 
 from controller.clock import Clock
@@ -77,7 +78,7 @@ class Expectations:
         with self._lock:
             self._deletes.pop(job_id, None)
 
-    def observe(self, present: set[str] | frozenset[str], list_index: int) -> None:
+    def observe(self, present: Container[str], list_index: int) -> None:
         """A job list at `list_index` showing `present`: settle what it proves."""
         now = self._clock.monotonic()
         with self._lock:

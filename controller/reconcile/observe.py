@@ -500,6 +500,10 @@ class Observer:
             self._observed_once = True
             self._last_full = started
             self._full_indexes = (job_list.index, alloc_list.index)
+        if unreadable:
+            # Read again by the next refresh, targeted ones too: not only by
+            # the next full one, minutes away while events flow.
+            self._restore({j: _Dirty(job=job_list.index, first=job_list.index) for j in unreadable})
         self.refreshes["full"] += 1
         return snap
 
@@ -596,12 +600,17 @@ class Observer:
             elif view is not None:
                 membership_changed |= job_id not in runners
                 runners[job_id] = view
-        present = frozenset(runners) | frozenset(jobs.template_job_id(e) for e in templates)
+        present = _Listed(runners, templates)
         # Every job an event up to `covers` named has been read: the merged
         # snapshot shows every job as of min(covers, list index).
         certified = min(covers, job_list.index)
         self._expectations.observe(present, certified)
-        still_unknown = any(not v.known for v in runners.values())
+        # A safe snapshot had no unknown runner, and our writes make none: only
+        # the jobs read now can be unknown (no scan of every runner).
+        still_unknown = any(
+            not v.known
+            for v in ((runners[j] for j in ids if j in runners) if prev.safe else runners.values())
+        )
         snap = Snapshot(
             templates=templates,
             runners=runners,
@@ -740,6 +749,21 @@ class Observer:
                 unreadable.add(job_id)
             # ok and None: deleted between the list and the read; it is gone.
         return specs, unreadable
+
+
+@dataclass(frozen=True)
+class _Listed:
+    """The jobs of a merged snapshot, as expectations ask about them (without
+    copying every runner id into a set on each targeted refresh)."""
+
+    runners: Mapping[str, RunnerView]
+    templates: Mapping[int, Template]
+
+    def __contains__(self, job_id: object) -> bool:
+        if not isinstance(job_id, str):
+            return False
+        env_id = jobs.template_env_id(job_id)
+        return job_id in self.runners if env_id is None else env_id in self.templates
 
 
 def _entry(job_id: str, spec: JsonDict) -> _Spec:

@@ -13,7 +13,13 @@ from controller.clock import ManualClock
 from controller.metrics import Metrics
 from controller.model import Allocation, Claim, Environment, Phase
 from controller.nomad import jobs
-from controller.nomad.gateway import AllocListing, JobListing, JobStub, WriteResult
+from controller.nomad.gateway import (
+    AllocListing,
+    JobListing,
+    JobStub,
+    NomadAPIError,
+    WriteResult,
+)
 from controller.reconcile import observe
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.observe import Observer
@@ -39,6 +45,7 @@ class ScopedNomad(NoLocks):
         self.reads: list[str] = []
         self.lag: tuple[int, set[str]] | None = None
         self.lag_allocs: tuple[int, set[str]] | None = None  # the same, allocations only
+        self.unreadable: set[str] = set()  # get_job fails for these
 
     # -- writes the tests make ---------------------------------------------------------
 
@@ -97,6 +104,8 @@ class ScopedNomad(NoLocks):
 
     def get_job(self, job_id: str) -> dict[str, Any] | None:
         self.reads.append(f"get_job {job_id}")
+        if job_id in self.unreadable:
+            raise NomadAPIError(500, "rpc error")
         return self.specs.get(job_id)
 
     def register_job(self, job: dict[str, Any], enforce_index: int | None = None) -> WriteResult:
@@ -300,6 +309,27 @@ def test_a_full_re_list_with_too_many_changed_jobs_lists_all_allocations_once(
         False,
         True,
     ]
+
+
+def test_an_unreadable_spec_keeps_snapshots_unsafe_until_it_is_read() -> None:
+    nomad, observer, _, _ = setup()
+    template = nomad.specs[jobs.template_job_id(ENV.id)]
+    new = runner_id(3)
+    nomad.put(jobs.runner_job(template, ENV, new))
+    nomad.unreadable.add(new)
+    snap = observer.refresh(full=True)
+    assert not snap.safe and not snap.runners[new].known
+    # Targeted refreshes read it again (not only the next full re-list,
+    # minutes away while events flow): still unreadable, still unsafe.
+    nomad.run(runner_id(0), status="failed")
+    observer.note_event_index(nomad.index, [alloc_event(runner_id(0))])
+    snap = observer.current()
+    assert not snap.safe and not snap.runners[new].known
+    nomad.unreadable.clear()
+    nomad.run(runner_id(1), status="failed")
+    observer.note_event_index(nomad.index, [alloc_event(runner_id(1))])
+    snap = observer.current()
+    assert snap.safe and snap.runners[new].known
 
 
 def test_claimable_runners_stay_oldest_first_through_claims_and_changes() -> None:
