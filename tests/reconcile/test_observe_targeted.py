@@ -13,6 +13,7 @@ from controller.clock import ManualClock
 from controller.metrics import Metrics
 from controller.model import Allocation, Claim, Environment, Phase
 from controller.nomad import jobs
+from controller.nomad.decode import decode_job_stub
 from controller.nomad.gateway import (
     AllocListing,
     JobListing,
@@ -55,6 +56,7 @@ class ScopedNomad(NoLocks):
         spec = {
             **spec,
             "JobModifyIndex": self.index,
+            "ModifyIndex": self.index,
             "CreateIndex": old["CreateIndex"] if old else self.index,
             "Status": "running",
             "SubmitTime": 1,
@@ -83,16 +85,7 @@ class ScopedNomad(NoLocks):
     # -- NomadGateway ------------------------------------------------------------------
 
     def _stub(self, spec: dict[str, Any]) -> JobStub:
-        return JobStub(
-            id=spec["ID"],
-            job_modify_index=spec["JobModifyIndex"],
-            modify_index=spec["JobModifyIndex"],
-            create_index=spec["CreateIndex"],
-            submit_time=1,
-            status=spec["Status"],
-            stop=bool(spec.get("Stop")),
-            type="batch",
-        )
+        return decode_job_stub(spec)  # a spec holds every field of a list stub
 
     def list_jobs(self, prefix: str = "", index: int = 0, wait_s: float = 0) -> JobListing:
         self.reads.append("list_jobs")
