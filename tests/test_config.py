@@ -474,7 +474,7 @@ LOCK_PATH = (
         ("NRC_LEADER_LOCK_PATH", "/leader", f'NRC_LEADER_LOCK_PATH: {LOCK_PATH} (got "/leader")'),
         ("NRC_LEADER_LOCK_PATH", "leader/", f'NRC_LEADER_LOCK_PATH: {LOCK_PATH} (got "leader/")'),
         ("NRC_LEADER_LOCK_PATH", "a//b", f'NRC_LEADER_LOCK_PATH: {LOCK_PATH} (got "a//b")'),
-        ("NRC_LEADER_LOCK_PATH", "../x", f'NRC_LEADER_LOCK_PATH: {LOCK_PATH} (got "../x")'),
+        ("NRC_LEADER_LOCK_PATH", "a/../x", f'NRC_LEADER_LOCK_PATH: {LOCK_PATH} (got "a/../x")'),
         ("NRC_LEADER_LOCK_PATH", "a.b", f'NRC_LEADER_LOCK_PATH: {LOCK_PATH} (got "a.b")'),
         (
             "NRC_LEADER_LOCK_PATH",

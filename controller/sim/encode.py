@@ -6,7 +6,7 @@ any other as RFC 3339 with nanoseconds. Allocation and Evaluation carry a
 struct-wide `omitempty`, so every zero-valued field is left out of them (a
 first allocation has no `PreviousAllocation` key at all), while list stubs,
 Job and Node always write every field. Field lists follow
-`shared/reference/nomad-struct-fields.md`."""
+`tests/reference/nomad-struct-fields.md`."""
 
 from __future__ import annotations
 

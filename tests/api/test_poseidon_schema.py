@@ -1,9 +1,9 @@
 """Our answers against Poseidon's own API description (0.2.2).
 
-`/work/shared/reference/poseidon-api.yaml` is the contract for the routes we
-share with Poseidon. Responses of a scenario over every shared route are
-validated with openapi-schema-validator's OAS30Validator against the response
-schemas of that file.
+`tests/reference/poseidon-api.yaml` (a copy of Poseidon's, see its README)
+is the contract for the routes we share with Poseidon. Responses of a
+scenario over every shared route are validated with openapi-schema-validator's
+OAS30Validator against the response schemas of that file.
 
 The single adjustment (in a copy, see `poseidon_document`): Poseidon's
 InternalServerError body is `allOf: [ClientError, {errorCode}]`, and
@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import functools
 import uuid
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,8 +33,9 @@ from referencing.jsonschema import DRAFT4
 
 from controller.api import create_app
 from tests.api.conftest import API, TOKEN, Api, environment_body
+from tests.reference import document
 
-POSEIDON = Path("/work/shared/reference/poseidon-api.yaml")
+POSEIDON = document("poseidon-api.yaml")
 ROOT_URI = "urn:poseidon-api"
 METHODS = ("get", "put", "post", "delete", "patch")
 

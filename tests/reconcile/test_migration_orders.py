@@ -1,4 +1,4 @@
-"""The production migration from DESIGN.md, in all 24 orders (plus duplicated
+"""The production migration of docs/architecture.md, in all 24 orders (plus duplicated
 and missing reports), through derive and plan.
 
 Each report is what one event said about one allocation. The controller acts
@@ -34,7 +34,7 @@ A1_RUNNING = Allocation(
     modify_time=T0 + SECOND,
     started_at=T0 + SECOND,
 )
-# The four reports of DESIGN.md; PreviousAllocation is on none of them.
+# The four reports of docs/architecture.md; PreviousAllocation is on none of them.
 EVENTS = (
     replace(
         A1_RUNNING,

@@ -1,4 +1,4 @@
-"""The production migration (DESIGN.md), replayed through the real controller.
+"""The production migration (docs/architecture.md), replayed through the real controller.
 
 `test_migration_orders.py` checks derive and plan alone; this test runs the
 whole machinery a client meets — `Controller` with its Observer, Claims,
@@ -10,7 +10,7 @@ through `_on_events`, which only says "look again": the pass decides from
 the lists it then reads.
 
 Two runners of one environment sit on the drained node: one claimed by a
-client, one idle. Each gets the four reports of DESIGN.md, in every one of
+client, one idle. Each gets the four reports of docs/architecture.md, in every one of
 the 24 orders (and each report twice). What a list shows of an allocation is
 the newest report that has arrived for it, as in `test_migration_orders.py`.
 A third runner, on another node, keeps the pool honest.
@@ -140,7 +140,7 @@ class Scene:
 
 
 def migration_reports(scene: Scene, job_id: str, old_id: str, new_id: str) -> None:
-    """DESIGN.md's four reports for one runner; PreviousAllocation on none."""
+    """The four reports of docs/architecture.md for one runner; PreviousAllocation on none."""
     old = scene.nomad.allocs[old_id]
     placed_at = scene.clock.now_ns()
     stopping = replace(old, desired_status="stop", desired_description=MIGRATING)

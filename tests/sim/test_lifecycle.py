@@ -173,7 +173,8 @@ def alloc_events(reader: EventReader, alloc_id: str) -> list[tuple[int, str, str
 
 
 def test_drain_production_ordering(sim: SimServer) -> None:
-    """The sequence from DESIGN.md: new running ~startup later, old complete only after it."""
+    """The production migration (docs/architecture.md): new running ~startup later,
+    old complete only after it."""
     http = Http(sim.address)
     http.register(runner_job("1-g"))
     (old,) = http.running("1-g")

@@ -1,6 +1,6 @@
 """The simulator's responses against Nomad's published schemas.
 
-Two references are used (see /work/shared/reference/README.md):
+Two references are used (copies in `tests/reference/`, see its README):
 
 - `nomad-openapi.yaml` (2023): names, nesting and JSON types of every field.
   Responses are validated with openapi-schema-validator's OAS30Validator
@@ -37,7 +37,6 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,10 +48,10 @@ from referencing.jsonschema import DRAFT4
 
 from controller.sim import SimServer
 from tests.helpers import runner_job, wait_until
+from tests.reference import document
 
-REFERENCE = Path("/work/shared/reference")
-OPENAPI = REFERENCE / "nomad-openapi.yaml"
-STRUCT_FIELDS = REFERENCE / "nomad-struct-fields.md"
+OPENAPI = document("nomad-openapi.yaml")
+STRUCT_FIELDS = document("nomad-struct-fields.md")
 ROOT_URI = "urn:nomad-openapi"
 
 JsonDict = dict[str, Any]
