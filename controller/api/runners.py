@@ -55,6 +55,13 @@ def gone_message(runner_id: str) -> str:
     return f"runner {runner_id} is unknown or was released"
 
 
+def expired_message(runner_id: str, timeout_s: int) -> str:
+    return (
+        f"runner {runner_id} was released: it was inactive for its whole inactivity "
+        f"timeout ({timeout_s} s)"
+    )
+
+
 def claimed_at(ns: int) -> datetime | None:
     if ns <= 0:
         return None  # adopted from Poseidon: the claim time is unknown
@@ -66,7 +73,8 @@ def router(controller: Controller, dependencies: list[Any]) -> APIRouter:
     api = APIRouter(prefix="/runners", tags=["runner"], dependencies=dependencies)
 
     def claimed(runner_id: str) -> RunnerView:
-        """The claimed runner, or 410; only a serving replica answers (its timers count)."""
+        """The claimed runner, touched (its inactivity timer starts again), or 410;
+        only a serving replica answers (its timers count)."""
         if not controller.ready():
             raise NotLeader
         view = controller.claims.lookup(runner_id)
@@ -77,6 +85,8 @@ def router(controller: Controller, dependencies: list[Any]) -> APIRouter:
         reason = view.job.claim.lost_reason or view.reset
         if reason is not None:
             raise ApiError(410, lost_message(runner_id, reason))
+        if not controller.claims.touch(runner_id):
+            raise ApiError(410, expired_message(runner_id, view.job.claim.timeout))
         return view
 
     @api.post(
@@ -128,7 +138,6 @@ def router(controller: Controller, dependencies: list[Any]) -> APIRouter:
     )
     def show(runnerId: RunnerId) -> RunnerStatus:
         view = claimed(runnerId)
-        controller.claims.touch(runnerId)
         claim = view.job.claim
         assert claim is not None
         return RunnerStatus(

@@ -4,7 +4,8 @@ and a global write rate, each recorded in metrics and expectations.
 Every write re-checks what it is about to change, because time passed since
 the plan: a deletion of an idle runner skips one that has been claimed
 meanwhile (and holds the RunnerGuard so no claim can start during it), an
-inactivity release skips a runner touched meanwhile, and ending a claim is a
+inactivity release skips a runner touched meanwhile (and from its decision
+on refuses touches), and ending a claim is a
 register with EnforceIndex, so it loses to any other change.
 """
 
@@ -124,7 +125,9 @@ class Actor:
             if action.reason in _IDLE_REASONS and view.claimed:
                 log.info("not deleting %s (%s): it was claimed meanwhile", runner_id, action.reason)
                 return True
-            if action.reason is DeleteReason.INACTIVITY_TIMEOUT and not self._claims.expired(
+            # Decided under the claims' lock: a touch after this point is refused,
+            # so no client hears "alive" from a runner being deleted.
+            if action.reason is DeleteReason.INACTIVITY_TIMEOUT and not self._claims.begin_expiry(
                 view, self._clock.now_ns()
             ):
                 return True

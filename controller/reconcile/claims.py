@@ -8,6 +8,13 @@ threads, replicas and restarts; the loser tries the next runner.
 
 Within one process, `RunnerGuard` also keeps a claim and a deletion of the
 same runner from overlapping (a deregistration cannot be made conditional).
+
+Inactivity: a claim expires when nothing touched it for its timeout. The
+decision to release an expired claim and a client's touch exclude each other
+(`begin_expiry` / `touch` under one lock): once the release is decided, every
+touch answers "expired" — even while the deregistration is still retried
+through a burst of Nomad errors — so no client is ever told its runner is
+alive by a process that is deleting it.
 """
 
 from __future__ import annotations
@@ -93,6 +100,8 @@ class Claims:
         self._on_change = on_change
         self._lock = threading.Lock()
         self._activity: dict[str, int] = {}
+        # Claims whose release for inactivity is decided: final, touches refused.
+        self._expiring: set[str] = set()
         # Claims this process handed out (runner id → claimed_at), to check that
         # Nomad never shows them taken over by another writer or idle again.
         self._handed: dict[str, int] = {}
@@ -179,27 +188,45 @@ class Claims:
     def lookup(self, runner_id: str) -> RunnerView | None:
         return self._observer.snapshot.runners.get(runner_id)
 
-    def touch(self, runner_id: str) -> None:
-        """A request touched the runner: its inactivity timer starts again."""
+    def touch(self, runner_id: str) -> bool:
+        """A request touched the runner: its inactivity timer starts again.
+        False when its release for inactivity is already decided (it expired)."""
         with self._lock:
+            if runner_id in self._expiring:
+                return False
             self._activity[runner_id] = self._clock.now_ns()
+            return True
+
+    def begin_expiry(self, view: RunnerView, now_ns: int) -> bool:
+        """Decide the release of an expired claim; False if it is not (or no
+        longer) expired. From then on `touch` refuses the runner."""
+        with self._lock:
+            if not self._expired_locked(view, now_ns):
+                return False
+            self._expiring.add(view.id)
+            return True
 
     def last_activity(self, views: Iterable[RunnerView]) -> dict[str, int]:
         """When each claimed runner was last touched (claim time or our start at least)."""
-        out: dict[str, int] = {}
         with self._lock:
-            for v in views:
-                if v.job.claim is None:
-                    continue
-                floor = max(v.job.claim.claimed_at, self._started_ns)
-                out[v.id] = max(self._activity.get(v.id, 0), floor)
+            return self._last_activity_locked(views)
+
+    def _last_activity_locked(self, views: Iterable[RunnerView]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for v in views:
+            if v.job.claim is None:
+                continue
+            floor = max(v.job.claim.claimed_at, self._started_ns)
+            out[v.id] = max(self._activity.get(v.id, 0), floor)
         return out
 
-    def expired(self, view: RunnerView, now_ns: int) -> bool:
+    def _expired_locked(self, view: RunnerView, now_ns: int) -> bool:
         claim = view.job.claim
         if claim is None or claim.timeout <= 0 or claim.lost_reason is not None:
             return False
-        last = self.last_activity([view])[view.id]
+        if view.id in self._expiring:
+            return True
+        last = self._last_activity_locked([view])[view.id]
         return now_ns >= last + claim.timeout * SECOND
 
     def release(self, runner_id: str) -> bool:
@@ -226,6 +253,7 @@ class Claims:
         with self._lock:
             self._activity.pop(runner_id, None)
             self._handed.pop(runner_id, None)
+            self._expiring.discard(runner_id)
 
     def check(self, views: Iterable[RunnerView]) -> dict[str, int]:
         """Invariant violations among the runners this process handed out:
@@ -257,3 +285,4 @@ class Claims:
                 del self._handed[runner_id]
             for runner_id in [r for r in self._activity if r not in present]:
                 del self._activity[runner_id]
+            self._expiring &= present

@@ -79,6 +79,8 @@ class FakeNomad(NoLocks):
         self.conflicts: list[str] = []  # job ids of registers refused by EnforceIndex
         # Called before a register is applied; may raise (e.g. IndexConflict) to refuse it.
         self.before_register: Callable[[JsonDict, int | None], None] | None = None
+        # Called before a deregister is applied (e.g. to act while it is in flight).
+        self.before_deregister: Callable[[str], None] | None = None
 
     # -- what tests set up and look at ------------------------------------------------
 
@@ -179,6 +181,8 @@ class FakeNomad(NoLocks):
         return WriteResult(self.index, self.index)
 
     def deregister_job(self, job_id: str, purge: bool = True) -> WriteResult:
+        if self.before_deregister is not None:
+            self.before_deregister(job_id)
         self.index += 1
         self.specs.pop(job_id, None)
         self.writes.append(Write("deregister", job_id, self.index))
