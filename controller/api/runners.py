@@ -25,6 +25,7 @@ from controller.api.models import (
     RunnerStatus,
 )
 from controller.model import SECOND, LossReason, RunnerView
+from controller.nomad.gateway import IndexConflict, NomadAPIError, NomadUnavailable
 from controller.reconcile.claims import NoRunnerAvailable, NotLeader, UnknownEnvironment
 from controller.reconcile.loop import Controller
 
@@ -81,9 +82,21 @@ def router(controller: Controller, dependencies: list[Any]) -> APIRouter:
         if view is None or view.job.claim is None:
             raise ApiError(410, gone_message(runner_id))
         # A reset the controller has derived but not yet written down is a loss
-        # already: never serve the claim from the replacement allocation.
-        reason = view.job.claim.lost_reason or view.reset
-        if reason is not None:
+        # already: never serve the claim from the replacement allocation. It is
+        # recorded in Nomad before the client hears it, so every later answer
+        # (from any controller) names the same reason.
+        if view.job.claim.lost_reason is not None or view.reset is not None:
+            try:
+                reason = controller.claims.record_loss(view)
+            except (NomadUnavailable, NomadAPIError, IndexConflict) as exc:
+                raise ApiError(
+                    503,
+                    f"runner {runner_id} was reset; recording its loss in Nomad failed "
+                    f"({exc}): retry",
+                    ErrorCode.NOMAD_UNREACHABLE,
+                ) from None
+            if reason is None:
+                raise ApiError(410, gone_message(runner_id))
             raise ApiError(410, lost_message(runner_id, reason))
         if not controller.claims.touch(runner_id):
             raise ApiError(410, expired_message(runner_id, view.job.claim.timeout))

@@ -157,14 +157,12 @@ class Actor:
             self._guard.end_delete(runner_id)
 
     def _end_claim(self, action: EndClaim) -> bool:
-        spec = self._observer.spec(action.runner_id)
-        if spec is None or int(spec.get("JobModifyIndex") or 0) != action.job_modify_index:
-            return True  # changed since the plan: the next pass looks again
         if not self._write_allowed():
             return False
-        new = jobs.with_lost(spec, action.reason, self._clock.now_ns())
         try:
-            result = self._gateway.register_job(new, enforce_index=action.job_modify_index)
+            written = self._claims.end_claim(
+                action.runner_id, action.job_modify_index, action.reason
+            )
         except IndexConflict:
             self._record("end_claim", "conflict")
             return True
@@ -172,15 +170,7 @@ class Actor:
             self._record("end_claim", "error")
             log.warning("ending claim on %s (%s): %s", action.runner_id, action.reason, exc)
             return False
-        new["JobModifyIndex"] = result.job_modify_index
-        self._observer.apply_spec(action.runner_id, new)
-        self._record("end_claim", "ok")
-        self._metrics.runner_losses.labels(action.reason.value).inc()
-        # One line per loss, a warning: the client is told, nothing to fix here.
-        log.warning(
-            "claimed runner %s lost: %s",
-            action.runner_id,
-            action.reason,
-            extra={"runner_id": action.runner_id, "reason": action.reason.value},
-        )
+        if written:
+            self._record("end_claim", "ok")
+        # else: changed since the plan; the next pass looks again
         return True

@@ -15,6 +15,14 @@ decision to release an expired claim and a client's touch exclude each other
 touch answers "expired" — even while the deregistration is still retried
 through a burst of Nomad errors — so no client is ever told its runner is
 alive by a process that is deleting it.
+
+Losses: a reset claim is ended by an `EndClaim` write (the reason in meta,
+the job stopped) with EnforceIndex. A client is told a loss only once that
+write has landed — by the pass, or by its own request (`record_loss`), which
+writes it first — so the reason a client hears is the one Nomad records, and
+every later answer (from this process or the next) repeats it. Derived
+reasons can change as the runner's state moves on (an OOM kill, then a drain
+that migrates the allocation): the first write wins and is never rewritten.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from collections.abc import Callable, Iterable
 
 from controller.clock import Clock
 from controller.metrics import Metrics
-from controller.model import SECOND, Claim, Phase, RunnerView
+from controller.model import SECOND, Claim, LossReason, Phase, RunnerView
 from controller.nomad import jobs
 from controller.nomad.gateway import IndexConflict, NomadAPIError, NomadGateway, NomadUnavailable
 from controller.reconcile.expectations import Expectations
@@ -184,6 +192,65 @@ class Claims:
         with self._lock:
             self._handed[runner_id] = claim.claimed_at
         return view
+
+    def end_claim(self, runner_id: str, job_modify_index: int, reason: LossReason) -> bool:
+        """Write the loss of a reset claim (EndClaim) if the job is still at
+        `job_modify_index`; False when it changed since (nothing written).
+        Raises IndexConflict when Nomad has a newer version than we know, and
+        NomadUnavailable / NomadAPIError when the write fails."""
+        spec = self._observer.spec(runner_id)
+        if spec is None or int(spec.get("JobModifyIndex") or 0) != job_modify_index:
+            return False
+        new = jobs.with_lost(spec, reason, self._clock.now_ns())
+        result = self._gateway.register_job(new, enforce_index=job_modify_index)
+        new["JobModifyIndex"] = result.job_modify_index
+        self._observer.apply_spec(runner_id, new)
+        self._metrics.runner_losses.labels(reason.value).inc()
+        # One line per loss, a warning: the client is told, nothing to fix here.
+        log.warning(
+            "claimed runner %s lost: %s",
+            runner_id,
+            reason,
+            extra={"runner_id": runner_id, "reason": reason.value},
+        )
+        return True
+
+    def record_loss(self, view: RunnerView) -> LossReason | None:
+        """The loss of a claimed runner as Nomad records it, written now if the
+        controller has derived a reset that no pass has written yet; None when
+        the runner was deleted meanwhile (it is gone).
+
+        A client must never be told a reason that is not recorded: another
+        answer (after a restart, say) would derive the reason anew from a
+        state that has moved on. Raises NomadUnavailable / NomadAPIError when
+        Nomad cannot take the write, IndexConflict when the job kept changing
+        under three attempts (the client is asked to retry)."""
+        claim = view.job.claim
+        assert claim is not None
+        if claim.lost_reason is not None:
+            return claim.lost_reason
+        reason = view.reset
+        assert reason is not None
+        if not self._can_serve():
+            raise NotLeader
+        job_modify_index = view.job.job_modify_index
+        for _ in range(3):
+            try:
+                if self.end_claim(view.id, job_modify_index, reason):
+                    return reason
+            except IndexConflict:
+                pass  # somebody wrote first (a pass, most likely): read what
+            spec = self._gateway.get_job(view.id)
+            if spec is None:
+                return None
+            self._observer.apply_spec(view.id, spec)
+            runner = jobs.runner_from_job(spec, view.env_id)
+            if runner.claim is None:
+                return None
+            if runner.claim.lost_reason is not None:
+                return runner.claim.lost_reason
+            job_modify_index = int(spec.get("JobModifyIndex") or 0)
+        raise IndexConflict(f"runner {view.id} kept changing while its loss was recorded")
 
     def lookup(self, runner_id: str) -> RunnerView | None:
         return self._observer.snapshot.runners.get(runner_id)

@@ -213,9 +213,15 @@ class Book:
         if rec is None or not rec.claim_alloc:
             self.violation(f"runner {rid} answers lost ({reason}) but Nomad has no claim")
             return
+        if rec.lost_reason != reason:
+            # The controller writes a loss before it tells it (so that every later
+            # answer, from any process, repeats it): Nomad must already have it.
+            self.violation(
+                f"invariant 3: runner {rid} answered lost ({reason}) while Nomad records "
+                f"{rec.lost_reason!r}"
+            )
         with self._lock:
-            # Compared with Nomad at the end: the controller reports a loss it has
-            # derived before its EndClaim write lands.
+            # Compared with Nomad again at the end: a recorded loss is never rewritten.
             self.losses[rid] = reason
         node = self.ledger.node_of(rec.claim_alloc)
         plausible = self.faults.plausible(rec.claim_alloc, node)

@@ -1,0 +1,19 @@
+"""Fixtures of the reconcile tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.one_runner import OneRunner
+
+
+@pytest.fixture
+def one_runner() -> Iterator[OneRunner]:
+    """A controller and API over the in-memory Nomad, one environment (pool 1)."""
+    s = OneRunner()
+    try:
+        yield s
+    finally:
+        s.close()
