@@ -21,9 +21,10 @@ class OneRunner:
     """One environment with a pool of one; `claim` hands its runner to a client."""
 
     def __init__(self, nomad: FakeNomad | None = None) -> None:
-        self.clock = nomad.clock if nomad is not None else ManualClock()
-        assert isinstance(self.clock, ManualClock)
-        self.nomad = nomad or FakeNomad(self.clock)
+        clock = nomad.clock if nomad is not None else ManualClock()
+        assert isinstance(clock, ManualClock)
+        self.clock: ManualClock = clock
+        self.nomad = nomad or FakeNomad(clock)
         self.controller = Controller(self.nomad, SETTINGS, clock=self.clock, metrics=Metrics())
         self.api = TestClient(create_app(self.controller))
 
