@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -44,6 +45,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from controller.execution.command import ExecSettings, parse_wrapper
+from controller.execution.service import ExecutionSettings
 from controller.model import SECOND
 from controller.reconcile.loop import ControllerSettings
 from controller.reconcile.plan import PlanSettings
@@ -320,6 +323,50 @@ class Settings(BaseSettings):
         json_schema_extra=_allowed(_TOKEN, secret=True),
     )
 
+    api_websocket_scheme: Annotated[Literal["ws", "wss"], BeforeValidator(_lower)] = Field(
+        default="ws",
+        alias="NRC_API_WEBSOCKET_SCHEME",
+        description="Scheme of the websocketUrl answered by /execute: wss when clients reach "
+        "the API through TLS.",
+        json_schema_extra=_allowed("ws or wss"),
+    )
+    api_trust_proxy_headers: Boolean = Field(
+        default=False,
+        alias="NRC_API_TRUST_PROXY_HEADERS",
+        description="Build websocketUrl from X-Forwarded-Proto and X-Forwarded-Host (only "
+        "behind a proxy that sets them).",
+        json_schema_extra=_allowed(_BOOLEAN),
+    )
+
+    # --- executions ---
+    exec_task: str = Field(
+        default="default-task",
+        alias="NRC_EXEC_TASK",
+        description="Task of the runner job that commands run in.",
+        json_schema_extra=_allowed("a Nomad task name without whitespace"),
+    )
+    exec_unprivileged_wrapper: str = Field(
+        default="/sbin/setuser user",
+        alias="NRC_EXEC_UNPRIVILEGED_WRAPPER",
+        description="Command prefix that runs an unprivileged execution as the image's "
+        "user (Poseidon's images: phusion's setuser); none runs it as the task's user.",
+        json_schema_extra=_allowed("shell words, or none"),
+    )
+    exec_separate_stderr: Boolean = Field(
+        default=True,
+        alias="NRC_EXEC_SEPARATE_STDERR",
+        description="Deliver stderr of interactive executions as stderr frames (a second "
+        "exec reads it); false merges it into stdout.",
+        json_schema_extra=_allowed(_BOOLEAN),
+    )
+    execution_id_ttl_s: Duration = Field(
+        default=300.0,
+        alias="NRC_EXECUTION_ID_TTL",
+        gt=0,
+        description="How long a websocketUrl from /execute stays valid if nobody connects.",
+        json_schema_extra=_allowed(f"a duration above 0, {_DURATION_FORMS}", duration=True),
+    )
+
     # --- the reconcile loop ---
     resync_interval_s: Duration = Field(
         default=30.0,
@@ -512,7 +559,16 @@ class Settings(BaseSettings):
             raise ValueError("invalid namespace")
         return value
 
-    @field_validator("nomad_region", "api_host")
+    @field_validator("exec_unprivileged_wrapper")
+    @classmethod
+    def _check_wrapper(cls, value: str) -> str:
+        try:
+            shlex.split(value)
+        except ValueError:
+            raise ValueError("not shell words (an unclosed quote?)") from None
+        return value.strip()
+
+    @field_validator("nomad_region", "api_host", "exec_task")
     @classmethod
     def _check_word(cls, value: str | None) -> str | None:
         if value is not None and not _NO_SPACE.fullmatch(value):
@@ -592,6 +648,17 @@ class Settings(BaseSettings):
                 lost_retention_ns=round(self.lost_runner_retention_s * SECOND),
                 degraded_after=self.failure_budget,
             ),
+        )
+
+    def execution_settings(self) -> ExecutionSettings:
+        wrapper = self.exec_unprivileged_wrapper
+        return ExecutionSettings(
+            exec=ExecSettings(
+                task=self.exec_task,
+                unprivileged_wrapper=() if wrapper.lower() == "none" else parse_wrapper(wrapper),
+                separate_stderr=self.exec_separate_stderr,
+            ),
+            id_ttl_s=self.execution_id_ttl_s,
         )
 
     def nomad_connection_kwargs(self) -> dict[str, Any]:

@@ -38,6 +38,9 @@ RECONCILE_RESULTS = ("success", "error", "requeue_after")
 INVARIANTS = ("claimed_twice", "claimed_in_pool")
 GUARDS = ("expectation", "stale_list")
 EVENT_TOPICS = ("Job", "Allocation", "Evaluation", "Node")
+EXECUTION_RESULTS = ("exit", "timeout", "lost", "error", "client_disconnected")
+EXECUTION_STREAMS = ("stdin", "stdout", "stderr")
+_EXECUTION = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
 class Metrics:
@@ -203,9 +206,37 @@ class Metrics:
             ["invariant"],
             registry=r,
         )
+        self.executions = Counter(
+            "nrc_executions_total",
+            "Executions by how they ended: exit (the command's exit code), timeout, lost (the "
+            "runner was reset under it), error (Nomad refused or broke off the exec, or the "
+            "runner was released), client_disconnected.",
+            ["result"],
+            registry=r,
+        )
+        self.execution_seconds = Histogram(
+            "nrc_execution_duration_seconds",
+            "From the WebSocket connect to the terminal frame (or the client leaving).",
+            buckets=_EXECUTION,
+            registry=r,
+        )
+        self.executions_active = Gauge(
+            "nrc_executions_active", "Executions connected right now.", registry=r
+        )
+        self.execution_bytes = Counter(
+            "nrc_execution_bytes_total",
+            "Bytes relayed between clients and commands: stdin to them, stdout and stderr "
+            "from them.",
+            ["stream"],
+            registry=r,
+        )
         self._initialise()
 
     def _initialise(self) -> None:
+        for execution_result in EXECUTION_RESULTS:
+            self.executions.labels(execution_result)
+        for stream in EXECUTION_STREAMS:
+            self.execution_bytes.labels(stream)
         self.reconcile_errors.labels(CONTROLLER)
         for result in RECONCILE_RESULTS:
             self.reconcile_total.labels(CONTROLLER, result)

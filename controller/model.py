@@ -35,6 +35,27 @@ class LossReason(StrEnum):
     OOM_KILLED = "oom_killed"
     JOB_STOPPED = "job_stopped"
     LOST = "lost"
+    # An execution that outlived its time limit (or its client) could not be
+    # ended: the runner was stopped with everything in it.
+    EXECUTION_NOT_STOPPED = "execution_not_stopped"
+
+    @property
+    def description(self) -> str:
+        """What happened, in the words a client is told."""
+        return _LOSS_DESCRIPTIONS[self]
+
+
+_LOSS_DESCRIPTIONS = {
+    LossReason.MIGRATED: "its allocation was migrated to another node; its file system was reset",
+    LossReason.RESCHEDULED: "its allocation failed and was replaced; its file system was reset",
+    LossReason.RESTARTED: "its task restarted; its file system was reset",
+    LossReason.OOM_KILLED: "its task exceeded its memory limit, was killed and restarted; "
+    "its file system was reset",
+    LossReason.JOB_STOPPED: "its Nomad job was stopped",
+    LossReason.LOST: "its node or its allocation was lost; its file system was reset",
+    LossReason.EXECUTION_NOT_STOPPED: "an execution could not be ended after its time limit "
+    "or its client left, so the runner was stopped",
+}
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,14 @@ import uvicorn
 from fastapi import FastAPI
 
 from controller.api.app import create_app
+from controller.api.executions import WebSocketUrls
 from controller.config import Settings
+from controller.execution.service import executions
 from controller.logs import configure_logging
 from controller.metrics import Metrics
 from controller.model import Environment
 from controller.nomad.client import NomadClient
+from controller.nomad.exec import ExecClient
 from controller.nomad.stream import EventStream
 from controller.reconcile.loop import EVENT_TOPICS, Controller, EventSource, StreamFactory
 
@@ -73,11 +76,20 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
     controller = Controller(
         gateway, settings.controller_settings(), metrics=metrics, stream_factory=factory
     )
+    exec_client = ExecClient(
+        **{**settings.nomad_connection_kwargs(), "address": connection["address"]},
+        connect_timeout_s=settings.nomad_timeout_s,
+    )
     app = create_app(
         controller,
         api_token=settings.api_auth_token,
         max_pool_size=settings.max_pool_size,
         pool_alert_threshold=settings.pool_alert_threshold,
+        execution=executions(controller, exec_client, settings.execution_settings()),
+        websocket_urls=WebSocketUrls(
+            scheme=settings.api_websocket_scheme,
+            trust_proxy_headers=settings.api_trust_proxy_headers,
+        ),
     )
     return Service(settings, controller, app)
 

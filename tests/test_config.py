@@ -46,6 +46,12 @@ ALL_VARIABLES = [
     "NRC_API_HOST",
     "NRC_API_PORT",
     "NRC_API_TOKEN",
+    "NRC_API_WEBSOCKET_SCHEME",
+    "NRC_API_TRUST_PROXY_HEADERS",
+    "NRC_EXEC_TASK",
+    "NRC_EXEC_UNPRIVILEGED_WRAPPER",
+    "NRC_EXEC_SEPARATE_STDERR",
+    "NRC_EXECUTION_ID_TTL",
     "NRC_RESYNC_INTERVAL",
     "NRC_ORPHAN_GRACE",
     "NRC_STARTUP_TIMEOUT",
@@ -318,6 +324,30 @@ def test_durations_reach_the_loop_in_their_units() -> None:
     assert s.controller_settings().resync_interval_s == 2.5
 
 
+def test_execution_settings() -> None:
+    default = load_settings({}).execution_settings()
+    assert default.exec.unprivileged_wrapper == ("/sbin/setuser", "user")
+    assert (default.exec.task, default.exec.separate_stderr, default.id_ttl_s) == (
+        "default-task",
+        True,
+        300.0,
+    )
+    s = load_settings(
+        {
+            "NRC_EXEC_UNPRIVILEGED_WRAPPER": "'/opt/my tools/su' student",
+            "NRC_EXEC_SEPARATE_STDERR": "false",
+            "NRC_EXECUTION_ID_TTL": "1m",
+            "NRC_API_WEBSOCKET_SCHEME": "WSS",
+        }
+    )
+    assert s.execution_settings().exec.unprivileged_wrapper == ("/opt/my tools/su", "student")
+    assert not s.execution_settings().exec.separate_stderr
+    assert s.execution_settings().id_ttl_s == 60.0
+    assert s.api_websocket_scheme == "wss"
+    none = load_settings({"NRC_EXEC_UNPRIVILEGED_WRAPPER": "None"}).execution_settings()
+    assert none.exec.unprivileged_wrapper == ()
+
+
 # --- bad values: one line naming the variable --------------------------------
 
 DURATION = "as seconds (30, 0.5) or a Go duration (30s, 5m, 1h30m, 250ms)"
@@ -380,6 +410,26 @@ LOCK_PATH = (
             "NRC_POOL_ALERT_THRESHOLD",
             "50%",
             'NRC_POOL_ALERT_THRESHOLD: must be a number between 0 and 1 (got "50%")',
+        ),
+        (
+            "NRC_API_WEBSOCKET_SCHEME",
+            "https",
+            'NRC_API_WEBSOCKET_SCHEME: must be ws or wss (got "https")',
+        ),
+        (
+            "NRC_EXEC_UNPRIVILEGED_WRAPPER",
+            "su 'user",
+            'NRC_EXEC_UNPRIVILEGED_WRAPPER: must be shell words, or none (got "su \'user")',
+        ),
+        (
+            "NRC_EXEC_TASK",
+            "my task",
+            'NRC_EXEC_TASK: must be a Nomad task name without whitespace (got "my task")',
+        ),
+        (
+            "NRC_EXECUTION_ID_TTL",
+            "0",
+            f'NRC_EXECUTION_ID_TTL: must be a duration above 0, {DURATION} (got "0")',
         ),
         # durations
         (

@@ -18,9 +18,12 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from controller.api import environments, errors, health, openapi, runners
+from controller.api import environments, errors, executions, health, openapi, runners
 from controller.api.auth import require_token
 from controller.api.body import MAX_BODY_BYTES, BodyLimit, BodyTooLarge, too_large_message
+from controller.api.executions import WebSocketUrls
+from controller.execution.service import Executions
+from controller.execution.service import executions as default_executions
 from controller.reconcile.loop import Controller
 
 API_PREFIX = "/api/v1"
@@ -37,8 +40,9 @@ PACKAGE_VERSION = package_version()
 
 DESCRIPTION = """\
 Keeps warm pools of sandbox runners on HashiCorp Nomad and hands them to
-clients. Compatible with Poseidon's API 0.2.2 for runners (without execution
-and files), execution environments, statistics, health and version.
+clients. Compatible with Poseidon's API 0.2.2 for runners (execution through
+`/execute` and the `/websocket` WebSocket; not yet files), execution
+environments, statistics, health and version.
 
 Errors are `{"message": ..., "errorCode": ...}`; `errorCode` is one of
 Poseidon's codes, or `NOT_LEADER` (503) when this replica does not serve.
@@ -60,8 +64,11 @@ def create_app(
     max_pool_size: int = 10_000,
     pool_alert_threshold: float = 0.5,
     version: str = PACKAGE_VERSION,
+    execution: Executions | None = None,
+    websocket_urls: WebSocketUrls | None = None,
 ) -> FastAPI:
-    """The API application; the caller runs it (uvicorn) and owns the controller."""
+    """The API application; the caller runs it (uvicorn) and owns the controller.
+    Without `execution`, executions end with an error frame (no Nomad exec)."""
     if max_pool_size < 0:
         raise ValueError("max_pool_size must not be negative")
     if not 0.0 <= pool_alert_threshold <= 1.0:
@@ -78,6 +85,19 @@ def create_app(
     )
     protected: list[Any] = [] if api_token is None else [Depends(require_token(api_token))]
     app.include_router(runners.router(controller, protected), prefix=API_PREFIX)
+    execution = execution or default_executions(controller, None)
+    app.include_router(
+        executions.router(
+            controller,
+            execution.relay,
+            execution.store,
+            protected,
+            api_token,
+            websocket_urls or WebSocketUrls(),
+            API_PREFIX,
+        ),
+        prefix=API_PREFIX,
+    )
     app.include_router(environments.router(controller, protected, max_pool_size), prefix=API_PREFIX)
     app.include_router(environments.statistics_router(controller, protected), prefix=API_PREFIX)
     app.include_router(

@@ -58,6 +58,11 @@ def _matches(offered: str | None, expected: bytes) -> bool:
     return hmac.compare_digest(offered.encode("utf-8", "surrogateescape"), expected)
 
 
+def token_matches(offered: str | None, token: str) -> bool:
+    """`offered` is `token` (constant time)."""
+    return _matches(offered, token.encode("utf-8"))
+
+
 def require_token(token: str) -> Callable[..., Awaitable[None]]:
     """A dependency that lets a request through only with `token`."""
     if not token:

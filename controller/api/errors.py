@@ -177,6 +177,7 @@ DESCRIPTIONS = {
     410: "The runner is not available any longer: unknown, released, or lost (the "
     "message says why it was lost).",
     413: "The request body exceeds 1 MiB.",
+    426: "A plain GET: the execution runs over a WebSocket; connect with an upgrade.",
     500: "The request could not be handled: NOMAD_OVERLOAD (no idle runner ready), "
     "NOMAD_UNREACHABLE, NOMAD_INTERNAL_SERVER_ERROR, or UNKNOWN.",
     503: "NOT_LEADER: this replica does not serve (leader election is on and it does not "

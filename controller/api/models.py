@@ -12,6 +12,7 @@ representable where it ends up (Nomad's int64 fields, nanosecond deadlines).
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
@@ -102,6 +103,70 @@ class EnvironmentRequest(_Request):
         if len(set(ports)) != len(ports):
             raise ValueError("ports must not repeat")
         return ports
+
+
+# A time limit in seconds that any clock can add to "now" (Poseidon's is uint64).
+MAX_TIME_LIMIT_S = 10 * 365 * 24 * 3600
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NO_NUL = "^[^\\x00]*$"
+
+
+def _no_nul(text: str) -> str:
+    # The command and the values become process arguments, which cannot hold NUL.
+    if "\x00" in text:
+        raise ValueError("must not contain NUL characters")
+    return text
+
+
+class ExecutionRequest(_Request):
+    """Body of `POST /runners/{id}/execute`."""
+
+    command: str = Field(
+        description="The command, run with `/bin/bash -c` in the runner.",
+        json_schema_extra={"pattern": _NO_NUL},
+    )
+    timeLimit: Integer = Field(
+        default=0,
+        ge=0,
+        le=MAX_TIME_LIMIT_S,
+        description="Seconds the execution may run, counted from the WebSocket connect; "
+        "0 means no limit.",
+    )
+    privilegedExecution: bool = Field(
+        default=False, description="Run as root instead of the image's unprivileged user."
+    )
+    environment: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables for the command (names: letters, digits, `_`, "
+        "not starting with a digit). Values are passed as they are, quotes and spaces included.",
+        json_schema_extra={
+            "propertyNames": {"pattern": f"^{_ENV_NAME.pattern}$"},
+            "additionalProperties": {"type": "string", "pattern": _NO_NUL},
+        },
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, command: str) -> str:
+        return _no_nul(command)
+
+    @field_validator("environment")
+    @classmethod
+    def _environment(cls, environment: dict[str, str]) -> dict[str, str]:
+        for name, value in environment.items():
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+            _no_nul(value)
+        return environment
+
+
+class ExecutionCreated(BaseModel):
+    """Answer of `POST /runners/{id}/execute`."""
+
+    websocketUrl: str = Field(
+        description="Connect here (once, with the API token) to run the command and "
+        "receive its output."
+    )
 
 
 class Error(BaseModel):

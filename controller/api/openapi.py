@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from controller.api.auth import SECURITY_SCHEMES
 from controller.api.errors import DESCRIPTIONS
-from controller.api.models import EnvironmentRequest, RunnerRequest
+from controller.api.models import EnvironmentRequest, ExecutionRequest, RunnerRequest
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
@@ -60,6 +60,7 @@ def build(app: FastAPI, *, description: str, max_pool_size: int) -> dict[str, An
         schemas.pop(name, None)
     _add_model(schemas, RunnerRequest)
     _add_model(schemas, EnvironmentRequest)
+    _add_model(schemas, ExecutionRequest)
     schemas["EnvironmentRequest"]["properties"]["prewarmingPoolSize"]["maximum"] = max_pool_size
     components["securitySchemes"] = {**SECURITY_SCHEMES, **components.get("securitySchemes", {})}
     for item in schema.get("paths", {}).values():

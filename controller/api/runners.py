@@ -31,15 +31,6 @@ from controller.reconcile.loop import Controller
 
 log = logging.getLogger(__name__)
 
-LOSS_DESCRIPTIONS = {
-    LossReason.MIGRATED: "its allocation was migrated to another node; its file system was reset",
-    LossReason.RESCHEDULED: "its allocation failed and was replaced; its file system was reset",
-    LossReason.RESTARTED: "its task restarted; its file system was reset",
-    LossReason.OOM_KILLED: "its task exceeded its memory limit, was killed and restarted; "
-    "its file system was reset",
-    LossReason.JOB_STOPPED: "its Nomad job was stopped",
-    LossReason.LOST: "its node or its allocation was lost; its file system was reset",
-}
 
 RunnerId = Annotated[
     str, Path(description="The runner's id (its Nomad job id).", examples=["7-<uuid>"])
@@ -49,7 +40,7 @@ RunnerBody = Annotated[RunnerRequest, Depends(json_body(RunnerRequest))]
 
 
 def lost_message(runner_id: str, reason: LossReason) -> str:
-    return f"runner {runner_id} was lost: {reason.value} ({LOSS_DESCRIPTIONS[reason]})"
+    return f"runner {runner_id} was lost: {reason.value} ({reason.description})"
 
 
 def gone_message(runner_id: str) -> str:
@@ -70,37 +61,38 @@ def claimed_at(ns: int) -> datetime | None:
     return datetime.fromtimestamp(seconds, UTC) + timedelta(microseconds=rest // 1000)
 
 
+def claimed_runner(controller: Controller, runner_id: str) -> RunnerView:
+    """The claimed runner, touched (its inactivity timer starts again), or 410;
+    only a serving replica answers (its timers count). Blocking: a loss the
+    controller has derived is written to Nomad before it is told."""
+    if not controller.ready():
+        raise NotLeader
+    view = controller.claims.lookup(runner_id)
+    if view is None or view.job.claim is None:
+        raise ApiError(410, gone_message(runner_id))
+    # A reset the controller has derived but not yet written down is a loss
+    # already: never serve the claim from the replacement allocation. It is
+    # recorded in Nomad before the client hears it, so every later answer
+    # (from any controller) names the same reason.
+    if view.job.claim.lost_reason is not None or view.reset is not None:
+        try:
+            reason = controller.claims.record_loss(view)
+        except (NomadUnavailable, NomadAPIError, IndexConflict) as exc:
+            raise ApiError(
+                503,
+                f"runner {runner_id} was reset; recording its loss in Nomad failed ({exc}): retry",
+                ErrorCode.NOMAD_UNREACHABLE,
+            ) from None
+        if reason is None:
+            raise ApiError(410, gone_message(runner_id))
+        raise ApiError(410, lost_message(runner_id, reason))
+    if not controller.claims.touch(runner_id):
+        raise ApiError(410, expired_message(runner_id, view.job.claim.timeout))
+    return view
+
+
 def router(controller: Controller, dependencies: list[Any]) -> APIRouter:
     api = APIRouter(prefix="/runners", tags=["runner"], dependencies=dependencies)
-
-    def claimed(runner_id: str) -> RunnerView:
-        """The claimed runner, touched (its inactivity timer starts again), or 410;
-        only a serving replica answers (its timers count)."""
-        if not controller.ready():
-            raise NotLeader
-        view = controller.claims.lookup(runner_id)
-        if view is None or view.job.claim is None:
-            raise ApiError(410, gone_message(runner_id))
-        # A reset the controller has derived but not yet written down is a loss
-        # already: never serve the claim from the replacement allocation. It is
-        # recorded in Nomad before the client hears it, so every later answer
-        # (from any controller) names the same reason.
-        if view.job.claim.lost_reason is not None or view.reset is not None:
-            try:
-                reason = controller.claims.record_loss(view)
-            except (NomadUnavailable, NomadAPIError, IndexConflict) as exc:
-                raise ApiError(
-                    503,
-                    f"runner {runner_id} was reset; recording its loss in Nomad failed "
-                    f"({exc}): retry",
-                    ErrorCode.NOMAD_UNREACHABLE,
-                ) from None
-            if reason is None:
-                raise ApiError(410, gone_message(runner_id))
-            raise ApiError(410, lost_message(runner_id, reason))
-        if not controller.claims.touch(runner_id):
-            raise ApiError(410, expired_message(runner_id, view.job.claim.timeout))
-        return view
 
     @api.post(
         "",
@@ -150,7 +142,7 @@ def router(controller: Controller, dependencies: list[Any]) -> APIRouter:
         responses=responses(410, 503),
     )
     def show(runnerId: RunnerId) -> RunnerStatus:
-        view = claimed(runnerId)
+        view = claimed_runner(controller, runnerId)
         claim = view.job.claim
         assert claim is not None
         return RunnerStatus(

@@ -110,6 +110,8 @@ class Claims:
         self._activity: dict[str, int] = {}
         # Claims whose release for inactivity is decided: final, touches refused.
         self._expiring: set[str] = set()
+        # Executions running per runner: a runner in use is never inactive.
+        self._busy: dict[str, int] = {}
         # Claims this process handed out (runner id → claimed_at), to check that
         # Nomad never shows them taken over by another writer or idle again.
         self._handed: dict[str, int] = {}
@@ -264,6 +266,26 @@ class Claims:
             self._activity[runner_id] = self._clock.now_ns()
             return True
 
+    def begin_use(self, runner_id: str) -> bool:
+        """An execution starts on the runner: its timer stays fresh until
+        `end_use`. False (and nothing started) when it already expired."""
+        with self._lock:
+            if runner_id in self._expiring:
+                return False
+            self._busy[runner_id] = self._busy.get(runner_id, 0) + 1
+            return True
+
+    def end_use(self, runner_id: str) -> None:
+        """An execution ended: the timer counts again from now."""
+        with self._lock:
+            left = self._busy.get(runner_id, 0) - 1
+            if left > 0:
+                self._busy[runner_id] = left
+            else:
+                self._busy.pop(runner_id, None)
+            if runner_id not in self._expiring:
+                self._activity[runner_id] = self._clock.now_ns()
+
     def begin_expiry(self, view: RunnerView, now_ns: int) -> bool:
         """Decide the release of an expired claim; False if it is not (or no
         longer) expired. From then on `touch` refuses the runner."""
@@ -284,6 +306,8 @@ class Claims:
             if v.job.claim is None:
                 continue
             floor = max(v.job.claim.claimed_at, self._started_ns)
+            if v.id in self._busy:
+                floor = max(floor, self._clock.now_ns())
             out[v.id] = max(self._activity.get(v.id, 0), floor)
         return out
 

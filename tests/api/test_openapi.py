@@ -25,6 +25,8 @@ def test_every_route_is_described(api: Api) -> None:
         ("POST", "/api/v1/runners"),
         ("GET", "/api/v1/runners/{runnerId}"),
         ("DELETE", "/api/v1/runners/{runnerId}"),
+        ("POST", "/api/v1/runners/{runnerId}/execute"),
+        ("GET", "/api/v1/runners/{runnerId}/websocket"),
         ("GET", "/api/v1/execution-environments"),
         ("GET", "/api/v1/execution-environments/{executionEnvironmentId}"),
         ("PUT", "/api/v1/execution-environments/{executionEnvironmentId}"),

@@ -1,0 +1,209 @@
+"""Execution routes (Poseidon's): `POST /runners/{id}/execute` stores a
+command and answers where to connect; `GET /runners/{id}/websocket` (a
+WebSocket) runs it and relays its output as Poseidon's frames.
+
+The WebSocket's refusals are real HTTP answers before the upgrade, in the
+API's error shape: 401 without the token (checked first, as Poseidon does),
+410 for an unknown, released or lost runner (naming the loss), 404 for an
+execution id that is unknown, used or expired. Only then is the connection
+accepted and handed to the relay (`controller.execution.relay`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, Path, Query, Request, WebSocket
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from starlette.websockets import WebSocketDisconnect
+
+from controller.api.auth import POSEIDON_HEADER, token_matches
+from controller.api.body import json_body, request_body
+from controller.api.errors import ApiError, error_response, not_leader_message, responses
+from controller.api.models import ErrorCode, ExecutionCreated, ExecutionRequest
+from controller.api.runners import claimed_runner, expired_message
+from controller.execution.command import ExecutionRequest as Command
+from controller.execution.frames import Frame
+from controller.execution.relay import Relay, encode
+from controller.execution.store import ExecutionStore
+from controller.reconcile.claims import NotLeader
+from controller.reconcile.loop import Controller
+
+ExecutionBody = Annotated[ExecutionRequest, Depends(json_body(ExecutionRequest))]
+RunnerId = Annotated[str, Path(description="The runner's id (its Nomad job id).")]
+ExecutionId = Annotated[str, Query(description="The id from the websocketUrl of /execute.")]
+
+WEBSOCKET_DESCRIPTION = """\
+Connect with a WebSocket upgrade and the API token (as for every route) to run
+the command stored by `/execute`. Refusals are plain HTTP answers before the
+upgrade: 401, 410 (the runner is unknown, released or lost; the message names
+the loss), 404 (the execution id is unknown, already used or expired).
+
+Server frames are JSON text frames, as Poseidon sends them: `{"type":"start"}`,
+then `{"type":"stdout","data":…}` / `{"type":"stderr","data":…}`, then exactly
+one of `{"type":"exit","data":<0–255>}`, `{"type":"timeout"}` or
+`{"type":"error","data":…}` (`"the allocation was OOM Killed"` exactly when it
+was; otherwise the reason, such as the runner's loss), then close 1000. The
+client's text frames go to the command's stdin verbatim. The time limit counts
+from the connect; on a timeout or a disconnect every process of the execution
+is ended. A plain GET without an upgrade is answered 426.
+"""
+
+
+@dataclass(frozen=True)
+class WebSocketUrls:
+    """How `websocketUrl` is built: the scheme (`ws`, or `wss` behind TLS), and
+    whether a proxy's X-Forwarded-Proto / X-Forwarded-Host are believed."""
+
+    scheme: str = "ws"
+    trust_proxy_headers: bool = False
+
+    def url(self, request: Request, path: str, execution_id: str) -> str:
+        scheme = self.scheme
+        host = request.headers.get("host") or f"{request.url.hostname}:{request.url.port}"
+        if self.trust_proxy_headers:
+            proto = _first(request.headers.get("x-forwarded-proto"))
+            if proto in ("https", "wss"):
+                scheme = "wss"
+            elif proto in ("http", "ws"):
+                scheme = "ws"
+            host = _first(request.headers.get("x-forwarded-host")) or host
+        return f"{scheme}://{host}{path}?{urlencode({'executionID': execution_id})}"
+
+
+def _first(value: str | None) -> str:
+    # A chain of proxies appends: the first value is the client's.
+    return value.split(",")[0].strip() if value else ""
+
+
+class _Client:
+    """The accepted WebSocket as the relay's `Client`."""
+
+    def __init__(self, websocket: WebSocket) -> None:
+        self._ws = websocket
+
+    async def send(self, frame: Frame) -> None:
+        await self._ws.send_text(encode(frame))
+
+    async def receive(self) -> bytes | None:
+        while True:
+            try:
+                message = await self._ws.receive()
+            except (WebSocketDisconnect, RuntimeError):
+                return None
+            if message["type"] == "websocket.disconnect":
+                return None
+            text = message.get("text")
+            if text is not None:
+                return str(text).encode("utf-8")
+            # Binary frames are not Poseidon's input: dropped, as Poseidon does.
+
+    async def close(self) -> None:
+        await self._ws.close(1000)
+
+
+def router(
+    controller: Controller,
+    relay: Relay,
+    store: ExecutionStore,
+    dependencies: list[Any],
+    api_token: str | None,
+    urls: WebSocketUrls,
+    prefix: str,
+) -> APIRouter:
+    api = APIRouter(prefix="/runners", tags=["runner"])
+
+    @api.post(
+        "/{runnerId}/execute",
+        summary="Execute a command",
+        description=(
+            "Stores the command and answers the WebSocket URL that runs it (once; unused "
+            "URLs expire). Restarts the runner's inactivity timer."
+        ),
+        response_model=ExecutionCreated,
+        responses=responses(400, 410, 413, 503),
+        openapi_extra=request_body(ExecutionRequest, "The command and how to run it."),
+        dependencies=dependencies,
+    )
+    def execute(runnerId: RunnerId, body: ExecutionBody, request: Request) -> ExecutionCreated:
+        claimed_runner(controller, runnerId)
+        execution = store.add(
+            runnerId,
+            Command(
+                command=body.command,
+                time_limit_s=body.timeLimit,
+                privileged=body.privilegedExecution,
+                environment=dict(body.environment),
+            ),
+        )
+        path = f"{prefix}/runners/{runnerId}/websocket"
+        return ExecutionCreated(websocketUrl=urls.url(request, path, execution.id))
+
+    @api.get(
+        "/{runnerId}/websocket",
+        summary="Run the execution (WebSocket)",
+        description=WEBSOCKET_DESCRIPTION,
+        status_code=426,
+        response_class=JSONResponse,
+        responses={
+            101: {"description": "Switching Protocols: the execution runs (frames above)."},
+            **responses(401, 404, 410, 426, 503),
+        },
+        dependencies=dependencies,
+    )
+    def websocket_handshake(runnerId: RunnerId, executionID: ExecutionId) -> JSONResponse:
+        # Only reached without an upgrade: the WebSocket route takes upgrades.
+        raise ApiError(426, "connect with a WebSocket upgrade to run the execution")
+
+    @api.websocket("/{runnerId}/websocket")
+    async def websocket(websocket: WebSocket, runnerId: str) -> None:
+        if api_token is not None and not _authenticated(websocket, api_token):
+            await _deny(websocket, 401, "authentication required: send the API token")
+            return
+        try:
+            view = await run_in_threadpool(claimed_runner, controller, runnerId)
+        except ApiError as exc:
+            await _deny(websocket, exc.status, exc.message, exc.code)
+            return
+        except NotLeader:
+            await _deny(websocket, 503, not_leader_message(controller), ErrorCode.NOT_LEADER)
+            return
+        execution_id = websocket.query_params.get("executionID", "")
+        execution = store.take(runnerId, execution_id)
+        if execution is None:
+            await _deny(websocket, 404, "execution id unknown, already used or expired")
+            return
+        claim = view.job.claim
+        assert claim is not None
+        if not controller.claims.begin_use(runnerId):
+            await _deny(websocket, 410, expired_message(runnerId, claim.timeout))
+            return
+        try:
+            await websocket.accept()
+        except Exception:
+            controller.claims.end_use(runnerId)
+            raise
+        await relay.run(execution, claim.alloc_id, _Client(websocket))
+
+    return api
+
+
+def _authenticated(websocket: WebSocket, token: str) -> bool:
+    header = websocket.headers.get(POSEIDON_HEADER)
+    auth = websocket.headers.get("authorization", "")
+    bearer = auth[7:] if auth.lower().startswith("bearer ") else None
+    by_header = token_matches(header, token)
+    by_bearer = token_matches(bearer, token)
+    return by_header or by_bearer
+
+
+async def _deny(
+    websocket: WebSocket, status: int, message: str, code: ErrorCode | None = None
+) -> None:
+    response = error_response(status, message, code)
+    if status == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    await websocket.send_denial_response(response)

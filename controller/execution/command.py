@@ -1,0 +1,126 @@
+"""What Nomad runs for a client's command. Pure.
+
+Poseidon's images (and so CodeOcean's) expect a command to be wrapped in
+layers, innermost first:
+
+1. `env CODEOCEAN=true K=V … /bin/bash -c <command>`: the request's
+   environment on top of the task's. Every word is quoted for the shell, so
+   any command and any value works (Poseidon refuses `'` in commands and
+   breaks on values with spaces; we do neither).
+2. With separate stderr (the default): the command's stderr goes to a FIFO
+   that a second exec reads (below), so a program that sees a terminal on
+   stdin/stdout still has its stderr delivered as `stderr` frames. The
+   command's shell creates the FIFO, opens it for writing (which waits for the
+   reader), unlinks it and runs the command.
+3. Unless the execution is privileged: the unprivileged wrapper, by default
+   Poseidon's `/sbin/setuser user` (phusion baseimage), as a setting.
+4. `export NRC_EXECUTION_ID=<id>; unset ${!NOMAD_@}; …` in `/bin/bash -c`:
+   Nomad's own variables are hidden from the command, and every process of the
+   execution inherits a marker by which `kill_command` finds it.
+
+The main exec runs with a TTY (interactive: echo, `\\r\\n`, Ctrl-\\ is
+SIGQUIT); the stderr reader runs without one, its stdout being the command's
+stderr. `kill_command` ends every process carrying the execution's marker,
+wherever it sits in the process tree (a program that clears its environment
+escapes it; see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+MARKER = "NRC_EXECUTION_ID"
+# Poseidon's pattern for environment variable names, loosened to one character.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# How long the stderr reader waits for the command's FIFO (0.01 s steps):
+# if the main exec never starts, the reader must not wait for ever.
+FIFO_WAIT_STEPS = 500
+
+
+@dataclass(frozen=True)
+class ExecSettings:
+    """How commands are run in runners (from the NRC_EXEC_* settings)."""
+
+    task: str = "default-task"
+    unprivileged_wrapper: tuple[str, ...] = ("/sbin/setuser", "user")
+    separate_stderr: bool = True
+
+
+@dataclass(frozen=True)
+class ExecutionRequest:
+    """What a client asked for with `POST /runners/{id}/execute`."""
+
+    command: str
+    time_limit_s: int = 0  # 0: no limit
+    privileged: bool = False
+    environment: Mapping[str, str] = field(default_factory=dict)
+
+
+def fifo_path(execution_id: str) -> str:
+    return f"/tmp/nrc-{execution_id}.stderr"
+
+
+def _bash(script: str) -> str:
+    return f"/bin/bash -c {shlex.quote(script)}"
+
+
+def _with_environment(request: ExecutionRequest) -> str:
+    assignments = [f"{k}={v}" for k, v in {"CODEOCEAN": "true", **request.environment}.items()]
+    return shlex.join(["env", *assignments, "/bin/bash", "-c", request.command])
+
+
+def _outer(execution_id: str, inner: str, privileged: bool, settings: ExecSettings) -> list[str]:
+    wrapped = (
+        inner
+        if privileged or not settings.unprivileged_wrapper
+        else (f"{shlex.join(settings.unprivileged_wrapper)} {inner}")
+    )
+    marker = shlex.quote(f"{MARKER}={execution_id}")
+    return ["/bin/bash", "-c", f"export {marker}; unset ${{!NOMAD_@}}; {wrapped}"]
+
+
+def main_command(execution_id: str, request: ExecutionRequest, settings: ExecSettings) -> list[str]:
+    """The argv of the execution's own exec (run with a TTY)."""
+    command = _with_environment(request)
+    if settings.separate_stderr:
+        fifo = shlex.quote(fifo_path(execution_id))
+        command = f"mkfifo -m 600 {fifo} || exit 125; exec 2>{fifo}; rm -f {fifo}; exec {command}"
+    return _outer(execution_id, _bash(command), request.privileged, settings)
+
+
+def stderr_command(
+    execution_id: str, request: ExecutionRequest, settings: ExecSettings
+) -> list[str]:
+    """The argv of the exec that reads the command's stderr (run without a TTY)."""
+    fifo = shlex.quote(fifo_path(execution_id))
+    reader = (
+        f"i=0; while [ ! -p {fifo} ]; do i=$((i+1)); "
+        f"[ $i -ge {FIFO_WAIT_STEPS} ] && exit 0; sleep 0.01; done; exec cat {fifo}"
+    )
+    return _outer(execution_id, _bash(reader), request.privileged, settings)
+
+
+def kill_command(execution_id: str) -> list[str]:
+    """The argv of an exec (as root, without a TTY) that SIGKILLs every process
+    carrying the execution's marker: the whole process tree of the execution,
+    however deep, background jobs and the stderr reader included."""
+    marker = shlex.quote(f"{MARKER}={execution_id}")
+    script = (
+        "for e in /proc/[0-9]*/environ; do "
+        f"if tr '\\0' '\\n' < \"$e\" 2>/dev/null | grep -qxF {marker}; then "
+        'p=${e#/proc/}; kill -9 "${p%/environ}" 2>/dev/null; fi; done; exit 0'
+    )
+    return ["/bin/sh", "-c", script]
+
+
+def parse_wrapper(text: str) -> tuple[str, ...]:
+    """The unprivileged wrapper setting as words (shell syntax); empty: none."""
+    return tuple(shlex.split(text))
+
+
+def valid_environment(environment: Mapping[str, str]) -> Sequence[str]:
+    """The names that cannot be environment variables (empty when all can)."""
+    return [name for name in environment if not ENV_NAME.fullmatch(name)]

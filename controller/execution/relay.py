@@ -1,0 +1,489 @@
+"""One execution, from the client's connect to its terminal frame.
+
+The protocol, stated before the code (see docs/architecture.md, "How an
+execution flows"):
+
+1. `start` is sent at once. The main exec (the command, with a TTY) and —
+   with separate stderr — the reader of the command's stderr FIFO are opened
+   on the allocation the claim was made on, never on a replacement.
+2. Output of both is translated to `stdout` / `stderr` frames and queued for
+   the client in a bounded queue: a client that reads slowly holds the exec's
+   reads back (and TCP holds Nomad back), nothing grows without bound. Client
+   text frames go to the command's stdin verbatim.
+3. Exactly one of these ends it, and decides the terminal frame:
+   - the command exits: `exit` with its code — unless the allocation died under
+     it, which an exit by signal or a broken exec is checked for (the runner's
+     loss is then recorded in Nomad and named in an `error` frame; an OOM kill
+     gives CodeOcean's exact "the allocation was OOM Killed");
+   - the time limit (counted from the connect) runs out: `timeout`;
+   - the runner is lost or released meanwhile: `error` naming it;
+   - the client disconnects: no frame.
+   After the terminal frame the client is closed with 1000.
+4. On a timeout or a disconnect the command's whole process tree is ended in
+   the background: Ctrl-\\ through the TTY (SIGQUIT to its foreground group),
+   then an exec that SIGKILLs every process carrying the execution's marker.
+   If the command's exec has still not ended 3 s after the limit, the runner is
+   stopped and its claim ended as `execution_not_stopped`: its client is told
+   (410) rather than handed a runner with a runaway process.
+5. While the execution runs, the runner's inactivity timer stays fresh; it
+   counts again from the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from controller.execution.command import (
+    ExecSettings,
+    kill_command,
+    main_command,
+    stderr_command,
+)
+from controller.execution.frames import (
+    START,
+    Exit,
+    Failed,
+    Frame,
+    Lost,
+    Outcome,
+    Released,
+    TimedOut,
+    Translator,
+)
+from controller.execution.store import Execution
+from controller.metrics import Metrics
+from controller.model import LossReason
+from controller.nomad.exec import (
+    ExecError,
+    ExecEvent,
+    ExecForbidden,
+    Exited,
+    Output,
+    StreamClosed,
+)
+
+log = logging.getLogger(__name__)
+
+CTRL_BACKSLASH = b"\x1c"
+# Frames merged into one client frame at most (bytes of text).
+COALESCE_BYTES = 64 * 1024
+
+
+class Session(Protocol):
+    """One Nomad exec (`controller.nomad.exec.ExecSession`)."""
+
+    async def send(self, data: bytes) -> None: ...
+    async def close_stdin(self) -> None: ...
+    def events(self) -> AsyncIterator[ExecEvent]: ...
+    async def close(self) -> None: ...
+
+
+class Execs(Protocol):
+    """Opens Nomad execs (`controller.nomad.exec.ExecClient`)."""
+
+    async def open(
+        self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
+    ) -> Session: ...
+
+
+class Runners(Protocol):
+    """What an execution needs to know and do about its runner."""
+
+    def loss(self, runner_id: str) -> LossReason | Released | None:
+        """A reset (derived or recorded) or the runner gone; None while it is fine."""
+
+    def record_loss(self, runner_id: str) -> LossReason | Released:
+        """Write a derived loss to Nomad (blocking); what Nomad then records."""
+
+    def observe(self) -> None:
+        """Read Nomad now (blocking)."""
+
+    def end_use(self, runner_id: str) -> None: ...
+
+    def stop_runner(self, runner_id: str, reason: LossReason) -> None:
+        """End the claim with `reason` and stop the runner's job (blocking)."""
+
+
+class Client(Protocol):
+    """The client's WebSocket, already accepted."""
+
+    async def send(self, frame: Frame) -> None: ...
+
+    async def receive(self) -> bytes | None:
+        """The next stdin bytes; None when the client has gone."""
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    exec: ExecSettings = field(default_factory=ExecSettings)
+    output_queue: int = 64  # frames waiting for a slow client
+    quit_grace_s: float = 1.0  # Ctrl-\ → SIGKILL of the marked processes
+    stop_grace_s: float = 3.0  # limit → runner stopped if the exec still runs
+    stderr_drain_s: float = 1.0  # after the exit: stderr still arriving
+    settle_s: float = 2.0  # an abnormal end waits this long for a loss to show
+    loss_poll_s: float = 0.2
+
+
+class Relay:
+    def __init__(
+        self,
+        execs: Execs,
+        runners: Runners,
+        metrics: Metrics,
+        settings: RelaySettings | None = None,
+        to_thread: Callable[..., Awaitable[object]] = asyncio.to_thread,
+    ) -> None:
+        self._execs = execs
+        self._runners = runners
+        self._metrics = metrics
+        self.settings = settings or RelaySettings()
+        self._to_thread = to_thread
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def run(self, execution: Execution, alloc_id: str, client: Client) -> None:
+        """Relay one execution; the caller has called `begin_use` on its runner
+        (this ends it) and accepted the client's WebSocket (this closes it)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        self._metrics.executions_active.inc()
+        run = _Run(self, execution, alloc_id, client)
+        result = "error"
+        try:
+            result = await run.run()
+        finally:
+            self._metrics.executions_active.dec()
+            self._metrics.executions.labels(result).inc()
+            self._metrics.execution_seconds.observe(loop.time() - started)
+
+    def background(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def wait_background(self) -> None:
+        """Let cleanups that are under way finish (at shutdown, in tests)."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+@dataclass
+class _Run:
+    """The state of one execution while it is relayed."""
+
+    relay: Relay
+    execution: Execution
+    alloc_id: str
+    client: Client
+    queue: asyncio.Queue[Frame | None] = field(init=False)
+    translator: Translator = field(default_factory=Translator)
+    discard: bool = False  # the client is done: output is read and dropped
+    client_gone: bool = False
+    main: Session | None = None
+    err: Session | None = None
+
+    def __post_init__(self) -> None:
+        self.queue = asyncio.Queue(self.relay.settings.output_queue)
+
+    @property
+    def runner_id(self) -> str:
+        return self.execution.runner_id
+
+    # -- the whole run --------------------------------------------------------------
+
+    async def run(self) -> str:
+        writer = asyncio.ensure_future(self._write())
+        helpers: list[asyncio.Future[Any]] = []
+        streams: list[asyncio.Task[int]] = []
+        handed_over = False  # the background stop owns the exec and the runner's use
+        try:
+            await self._put(START)
+            try:
+                await self._open()
+            except ExecError as exc:
+                outcome = await self._explain(exc)
+                await self._finish(outcome)
+                return _result(outcome)
+            assert self.main is not None
+            main = asyncio.ensure_future(self._pump(self.main, None))
+            err = asyncio.ensure_future(self._pump(self.err, "stderr")) if self.err else None
+            streams = [main] + ([err] if err is not None else [])
+            limit = self.execution.request.time_limit_s
+            stdin = asyncio.ensure_future(self._stdin())
+            timer = asyncio.ensure_future(asyncio.sleep(limit if limit > 0 else float("inf")))
+            watch = asyncio.ensure_future(self._watch())
+            helpers = [stdin, timer, watch]
+            done, _ = await asyncio.wait([main, *helpers], return_when=asyncio.FIRST_COMPLETED)
+            if main in done:
+                outcome = await self._ended(main, err)
+            elif watch in done:
+                outcome = watch.result()
+            else:
+                handed_over = True
+                self._stop_in_background(main, err)
+                if stdin in done:  # the client left
+                    self.client_gone = True
+                    return "client_disconnected"
+                outcome = TimedOut()
+            await self._finish(outcome)
+            return _result(outcome)
+        finally:
+            for task in [*helpers, *([] if handed_over else streams)]:
+                task.cancel()
+            await self._close_queue(writer)
+            if not handed_over:
+                await self._close_sessions()
+                self.relay._runners.end_use(self.runner_id)
+            with contextlib.suppress(Exception):
+                await self.client.close()
+
+    async def _open(self) -> None:
+        s = self.relay.settings.exec
+        request = self.execution.request
+        opener = self.relay._execs
+        main_argv = main_command(self.execution.id, request, s)
+        if not s.separate_stderr:
+            self.main = await opener.open(self.alloc_id, s.task, main_argv, tty=True)
+            return
+        err_argv = stderr_command(self.execution.id, request, s)
+        # Both at once: the connects overlap, and each side of the FIFO waits
+        # for the other inside the runner.
+        results = await asyncio.gather(
+            opener.open(self.alloc_id, s.task, main_argv, tty=True),
+            opener.open(self.alloc_id, s.task, err_argv, tty=False),
+            return_exceptions=True,
+        )
+        sessions = [r for r in results if not isinstance(r, BaseException)]
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            for session in sessions:
+                await session.close()
+            if sessions:
+                # One side runs and waits for the other: end it.
+                self.relay.background(self._kill_marked())
+            raise failures[0]
+        main, err = results
+        assert not isinstance(main, BaseException) and not isinstance(err, BaseException)
+        self.main, self.err = main, err
+
+    # -- output, input, loss ----------------------------------------------------------
+
+    async def _pump(self, session: Session | None, rename: str | None) -> int:
+        """Relay one exec's output; its exit code (raises ExecError)."""
+        assert session is not None
+        metrics = self.relay._metrics
+        async for event in session.events():
+            if isinstance(event, Exited):
+                return event.code
+            if rename is not None:
+                # The stderr reader's stdout is the command's stderr; its own
+                # stderr (a failing `cat`) is not the command's.
+                if event.stream != "stdout":
+                    continue
+                event = (
+                    Output("stderr", event.data)
+                    if isinstance(event, Output)
+                    else StreamClosed("stderr")
+                )
+            if isinstance(event, Output):
+                metrics.execution_bytes.labels(event.stream).inc(len(event.data))
+            if self.discard:
+                continue
+            for frame in self.translator.on_event(event):
+                await self._put(frame)
+        raise ExecError("the exec ended without an exit code")  # events() raises first
+
+    async def _stdin(self) -> None:
+        """Client frames to the command's stdin, until the client leaves."""
+        assert self.main is not None
+        metrics = self.relay._metrics
+        while True:
+            data = await self.client.receive()
+            if data is None:
+                return
+            metrics.execution_bytes.labels("stdin").inc(len(data))
+            with contextlib.suppress(ExecError):
+                await self.main.send(data)
+
+    async def _watch(self) -> Outcome:
+        """Ends when the runner is lost or released while the command runs."""
+        runners = self.relay._runners
+        while True:
+            await asyncio.sleep(self.relay.settings.loss_poll_s)
+            state = runners.loss(self.runner_id)
+            if state is not None:
+                return await self._recorded()
+
+    async def _recorded(self) -> Outcome:
+        recorded = await self.relay._to_thread(self.relay._runners.record_loss, self.runner_id)
+        assert isinstance(recorded, LossReason | Released)
+        return Lost(recorded) if isinstance(recorded, LossReason) else recorded
+
+    # -- how it ended -----------------------------------------------------------------
+
+    async def _ended(self, main: asyncio.Task[int], err: asyncio.Task[int] | None) -> Outcome:
+        if err is not None:
+            # stderr the command wrote before it exited is still on its way
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(err), self.relay.settings.stderr_drain_s)
+        try:
+            code = main.result()
+        except ExecError as exc:
+            return await self._explain(exc)
+        if code >= 128:
+            # Killed by a signal: perhaps with its allocation (OOM, drain, stop).
+            lost = await self._settled_loss(self.relay.settings.settle_s / 4)
+            if lost is not None:
+                return lost
+        return Exit(code)
+
+    async def _explain(self, exc: ExecError) -> Outcome:
+        if isinstance(exc, ExecForbidden):
+            log.error("Nomad refused the exec (the token needs alloc-exec): %s", exc.reason)
+            return Failed(f"Nomad refused to run the command: {exc.reason}")
+        lost = await self._settled_loss(self.relay.settings.settle_s)
+        if lost is not None:
+            return lost
+        log.warning("execution on runner %s failed: %s", self.runner_id, exc.reason)
+        return Failed(f"Error executing the request: {exc.reason}")
+
+    async def _settled_loss(self, wait_s: float) -> Outcome | None:
+        """A loss of the runner, looking again at Nomad for up to `wait_s`."""
+        runners = self.relay._runners
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            with contextlib.suppress(Exception):
+                await self.relay._to_thread(runners.observe)
+            if runners.loss(self.runner_id) is not None:
+                return await self._recorded()
+            if loop.time() >= deadline:
+                return None
+            await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
+
+    async def _finish(self, outcome: Outcome) -> None:
+        for frame in self.translator.finish(outcome):
+            await self._put(frame)
+
+    # -- stopping a command that must not go on ---------------------------------------
+
+    def _stop_in_background(self, main: asyncio.Task[int], err: asyncio.Task[int] | None) -> None:
+        self.discard = True
+        self.relay.background(self._stop(main, err))
+
+    async def _stop(self, main: asyncio.Task[int], err: asyncio.Task[int] | None) -> None:
+        settings = self.relay.settings
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settings.stop_grace_s
+        try:
+            if self.main is not None:
+                with contextlib.suppress(ExecError):
+                    await self.main.send(CTRL_BACKSLASH)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(main), settings.quit_grace_s)
+            # Always: background jobs and the stderr reader outlive the shell.
+            await self._kill_marked()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(main), max(0.0, deadline - loop.time()))
+            if not main.done():
+                log.warning(
+                    "execution on runner %s could not be ended: stopping the runner",
+                    self.runner_id,
+                    extra={"runner_id": self.runner_id},
+                )
+                with contextlib.suppress(Exception):
+                    await self.relay._to_thread(
+                        self.relay._runners.stop_runner,
+                        self.runner_id,
+                        LossReason.EXECUTION_NOT_STOPPED,
+                    )
+        finally:
+            main.cancel()
+            if err is not None:
+                err.cancel()
+            await self._close_sessions()
+            self.relay._runners.end_use(self.runner_id)
+
+    async def _kill_marked(self) -> None:
+        s = self.relay.settings.exec
+        try:
+            session = await self.relay._execs.open(
+                self.alloc_id, s.task, kill_command(self.execution.id), tty=False
+            )
+        except ExecError as exc:
+            log.info("could not end execution %s: %s", self.execution.id, exc.reason)
+            return
+        try:
+            async with asyncio.timeout(self.relay.settings.stop_grace_s):
+                async for _ in session.events():
+                    pass
+        except (ExecError, TimeoutError):
+            pass
+        finally:
+            await session.close()
+
+    async def _close_sessions(self) -> None:
+        for session in (self.main, self.err):
+            if session is not None:
+                with contextlib.suppress(Exception):
+                    await session.close()
+
+    # -- the client side --------------------------------------------------------------
+
+    async def _put(self, frame: Frame) -> None:
+        if not self.client_gone:
+            await self.queue.put(frame)
+
+    async def _close_queue(self, writer: asyncio.Future[None]) -> None:
+        if not writer.done():
+            await self.queue.put(None)
+        with contextlib.suppress(Exception):
+            await writer
+
+    async def _write(self) -> None:
+        """Queued frames to the client, consecutive output of one stream merged."""
+        queue = self.queue
+        pending: Frame | None = None
+        while True:
+            frame = pending if pending is not None else await queue.get()
+            pending = None
+            if frame is None:
+                return
+            if frame["type"] in ("stdout", "stderr"):
+                size = len(frame["data"])
+                while size < COALESCE_BYTES and not queue.empty():
+                    following = queue.get_nowait()
+                    if following is None or following["type"] != frame["type"]:
+                        pending = following
+                        break
+                    frame = {"type": frame["type"], "data": frame["data"] + following["data"]}
+                    size += len(following["data"])
+            if self.client_gone:
+                continue
+            try:
+                await self.client.send(frame)
+            except Exception:
+                # Gone: keep emptying the queue so nobody blocks on it.
+                self.client_gone = True
+                self.discard = True
+
+
+def _result(outcome: Outcome) -> str:
+    if isinstance(outcome, Exit):
+        return "exit"
+    if isinstance(outcome, TimedOut):
+        return "timeout"
+    if isinstance(outcome, Lost):
+        return "lost"
+    return "error"
+
+
+def encode(frame: Frame) -> str:
+    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)

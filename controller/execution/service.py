@@ -1,0 +1,50 @@
+"""The parts of the execution data plane one API needs, wired together."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from controller.execution.command import ExecSettings
+from controller.execution.relay import Execs, Relay, RelaySettings, Session
+from controller.execution.runners import ControllerRunners
+from controller.execution.store import ExecutionStore
+from controller.nomad.exec import ExecRejected
+from controller.reconcile.loop import Controller
+
+
+@dataclass(frozen=True)
+class ExecutionSettings:
+    """From the NRC_EXEC_* / NRC_EXECUTION_* settings."""
+
+    exec: ExecSettings = field(default_factory=ExecSettings)
+    id_ttl_s: float = 300.0
+
+
+@dataclass
+class Executions:
+    relay: Relay
+    store: ExecutionStore
+
+
+class NoExec:
+    """An `Execs` for a controller whose Nomad gateway cannot exec (in-memory
+    fakes in tests): every execution ends with an `error` frame saying so."""
+
+    async def open(
+        self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
+    ) -> Session:
+        raise ExecRejected("this controller was started without a Nomad exec client")
+
+
+def executions(
+    controller: Controller, execs: Execs | None, settings: ExecutionSettings | None = None
+) -> Executions:
+    s = settings or ExecutionSettings()
+    relay = Relay(
+        execs if execs is not None else NoExec(),
+        ControllerRunners(controller),
+        controller.metrics,
+        RelaySettings(exec=s.exec),
+    )
+    return Executions(relay, ExecutionStore(controller.clock, s.id_ttl_s))

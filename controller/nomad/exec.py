@@ -1,0 +1,341 @@
+"""Nomad's allocation exec: run a command inside a running allocation.
+
+python-nomad has no exec, so this is our own client of Nomad's WebSocket
+`GET /v1/client/allocation/:alloc_id/exec` (Nomad's `api/allocations_exec.go`
+speaks the same protocol). The protocol, as Nomad (≤ 1.11) serves it:
+
+- Connect with `task`, `command` (a JSON array, URL-encoded) and `tty` in the
+  query and the ACL token as `X-Nomad-Token`; TLS as for every other call.
+- We send `{"stdin":{"data":<b64>}}`, `{"stdin":{"close":true}}` (EOF),
+  `{"tty_size":{"height":H,"width":W}}`, and `{}` every 10 s as a heartbeat:
+  Nomad drops exec sessions that stay silent for about ten minutes.
+- Nomad sends `{"stdout":{"data":<b64>}}` / `{"stderr":{"data":<b64>}}` (at
+  most 1,024 bytes each), `{"stdout":{"close":true}}` / `{"stderr":…}` when a
+  stream ends, then `{"exited":true,"result":{"exit_code":N}}` — `exit_code`
+  left out when it is 0, as Nomad's encoder omits zero values — and drops the
+  connection without a close frame. With `tty` there is no stderr.
+- Errors after the upgrade arrive as close frames with Nomad's text: 1008 for
+  client errors (unknown allocation, task not started or not running,
+  permission denied), 1011 for server errors. A bad `command` or `tty` is an
+  HTTP error before the upgrade.
+
+The exit frame is the only successful end: a connection that ends without it
+is `ExecBroken`, never exit 0 (Poseidon reports such breaks as success, its
+open bugs #589 and #719). Only this module reads Nomad's exec frames; the rest
+of the controller sees typed events and errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import codecs
+import contextlib
+import json
+import ssl
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlencode, urlsplit
+
+import websockets
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+Stream = Literal["stdout", "stderr"]
+STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
+HEARTBEAT_S = 10.0
+# Nomad's output frames carry at most 1,024 bytes (4/3 of that in base64);
+# anything far larger is not Nomad talking.
+MAX_FRAME_BYTES = 1 << 20
+
+
+# -- what the rest of the controller sees ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Output:
+    """Bytes the command wrote to one of its streams."""
+
+    stream: Stream
+    data: bytes
+
+
+@dataclass(frozen=True)
+class StreamClosed:
+    """One output stream reached its end."""
+
+    stream: Stream
+
+
+@dataclass(frozen=True)
+class Exited:
+    """The command ended; the last event of a session."""
+
+    code: int
+
+
+ExecEvent = Output | StreamClosed | Exited
+
+
+class ExecError(Exception):
+    """The exec did not run to its exit frame. `code` is the WebSocket close
+    code (0 when there was none) and `reason` Nomad's text."""
+
+    def __init__(self, reason: str, code: int = 0) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+class UnknownAllocation(ExecError):
+    """Nomad does not know the allocation (it was garbage-collected)."""
+
+
+class TaskNotRunning(ExecError):
+    """The task has not started yet, or is no longer running."""
+
+
+class ExecForbidden(ExecError):
+    """The token lacks the `alloc-exec` capability (or remote exec is off)."""
+
+
+class ExecRejected(ExecError):
+    """Any other refusal: an HTTP error before the upgrade or a close frame."""
+
+
+class ExecBroken(ExecError):
+    """The connection ended before the exit frame: the outcome is unknown."""
+
+
+# -- pure protocol pieces (table-tested) -----------------------------------------------
+
+
+def exec_query(task: str, command: Sequence[str], tty: bool, namespace: str | None) -> str:
+    """The query string of an exec request."""
+    params = {"task": task, "command": json.dumps(list(command)), "tty": str(tty).lower()}
+    if namespace:
+        params["namespace"] = namespace
+    return urlencode(params)
+
+
+def classify_close(code: int, reason: str) -> ExecError:
+    """Nomad's close frame (or its absence, code 1006) as a typed error."""
+    text = reason or f"closed with code {code}"
+    lowered = reason.lower()
+    if code in (1000, 1005, 1006) and not reason:
+        return ExecBroken("the connection to Nomad ended before the command's exit code", code)
+    if "unknown allocation" in lowered:
+        return UnknownAllocation(text, code)
+    if "not started yet" in lowered or "not running" in lowered:
+        return TaskNotRunning(text, code)
+    if "permission denied" in lowered:
+        return ExecForbidden(text, code)
+    return ExecRejected(text, code)
+
+
+def parse_frame(raw: str | bytes) -> list[ExecEvent]:
+    """The events in one frame from Nomad; `{}` heartbeats and fields we do not
+    know give none. Raises ExecRejected for a frame that is not Nomad's."""
+    try:
+        frame = json.loads(raw)
+    except ValueError:
+        raise ExecRejected(f"Nomad sent a frame that is not JSON: {raw[:80]!r}") from None
+    if not isinstance(frame, dict):
+        raise ExecRejected(f"Nomad sent a frame that is not an object: {raw[:80]!r}")
+    events: list[ExecEvent] = []
+    for stream in STREAMS:
+        part = frame.get(stream)
+        if not isinstance(part, dict):
+            continue
+        data = part.get("data")
+        if isinstance(data, str) and data:
+            try:
+                events.append(Output(stream, base64.b64decode(data, validate=True)))
+            except (binascii.Error, ValueError):
+                raise ExecRejected(f"Nomad sent {stream} that is not base64") from None
+        if part.get("close") is True:
+            events.append(StreamClosed(stream))
+    if frame.get("exited") is True:
+        result = frame.get("result")
+        code = result.get("exit_code", 0) if isinstance(result, dict) else 0
+        # Nomad omits a zero exit code; anything else not an integer is not Nomad.
+        events.append(Exited(code if isinstance(code, int) and not isinstance(code, bool) else 1))
+    return events
+
+
+def stdin_frame(data: bytes) -> str:
+    return json.dumps({"stdin": {"data": base64.b64encode(data).decode("ascii")}})
+
+
+STDIN_CLOSE = json.dumps({"stdin": {"close": True}})
+HEARTBEAT = "{}"
+
+
+class Utf8Streams:
+    """Bytes of each stream to text, one incremental decoder per stream: a
+    character split across two of Nomad's 1,024-byte frames arrives whole.
+    Bytes that are not UTF-8 become U+FFFD."""
+
+    def __init__(self) -> None:
+        self._decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in STREAMS}
+
+    def decode(self, stream: Stream, data: bytes) -> str:
+        return str(self._decoders[stream].decode(data))
+
+    def flush(self, stream: Stream) -> str:
+        """What a stream still holds at its end (an incomplete character)."""
+        return str(self._decoders[stream].decode(b"", final=True))
+
+
+# -- the session --------------------------------------------------------------------------
+
+
+class ExecSession:
+    """One exec: events from `events()`, stdin through `send` / `close_stdin`.
+
+    Closing the session closes the connection; it does not stop the command
+    (Nomad does not either): stopping it is the caller's business."""
+
+    def __init__(self, ws: ClientConnection, heartbeat_s: float) -> None:
+        self._ws = ws
+        self._heartbeat = asyncio.ensure_future(self._beat(heartbeat_s))
+        self._exited = False
+
+    async def _beat(self, interval_s: float) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                await asyncio.sleep(interval_s)
+                await self._ws.send(HEARTBEAT)
+
+    async def send(self, data: bytes) -> None:
+        """Bytes to the command's stdin. Raises ExecBroken when the connection is gone."""
+        if not data:
+            return
+        try:
+            await self._ws.send(stdin_frame(data))
+        except ConnectionClosed:
+            raise ExecBroken("the connection to Nomad ended while sending input") from None
+
+    async def close_stdin(self) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            await self._ws.send(STDIN_CLOSE)
+
+    async def resize(self, height: int, width: int) -> None:
+        frame = json.dumps({"tty_size": {"height": height, "width": width}})
+        with contextlib.suppress(ConnectionClosed):
+            await self._ws.send(frame)
+
+    async def events(self) -> AsyncIterator[ExecEvent]:
+        """Every event up to and including `Exited`; raises ExecError otherwise."""
+        while not self._exited:
+            try:
+                raw = await self._ws.recv()
+            except ConnectionClosed as closed:
+                rcvd = closed.rcvd
+                raise classify_close(
+                    rcvd.code if rcvd else 1006, rcvd.reason if rcvd else ""
+                ) from None
+            for event in parse_frame(raw):
+                yield event
+                if isinstance(event, Exited):
+                    self._exited = True
+                    break
+
+    async def close(self) -> None:
+        self._heartbeat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._heartbeat
+        # After the exit frame Nomad drops the connection itself; otherwise we
+        # end it (the command keeps running: see the class docstring).
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._ws.close(), timeout=1.0)
+
+
+class ExecClient:
+    """Opens exec sessions against one Nomad address (the servers forward to
+    the allocation's node), with the gateway's token, namespace and TLS."""
+
+    def __init__(
+        self,
+        *,
+        address: str,
+        token: str | None = None,
+        namespace: str | None = None,
+        region: str | None = None,
+        ca_cert: str | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
+        verify: bool = True,
+        connect_timeout_s: float = 10.0,
+        heartbeat_s: float = HEARTBEAT_S,
+    ) -> None:
+        parts = urlsplit(address.rstrip("/"))
+        scheme = "wss" if parts.scheme == "https" else "ws"
+        self._base = f"{scheme}://{parts.netloc}{parts.path}"
+        self._headers = {"X-Nomad-Token": token} if token else {}
+        self._namespace = namespace
+        self._region = region
+        self._connect_timeout_s = connect_timeout_s
+        self._heartbeat_s = heartbeat_s
+        self._ssl = (
+            tls_context(ca_cert, client_cert, client_key, verify) if scheme == "wss" else None
+        )
+
+    def url(self, alloc_id: str, task: str, command: Sequence[str], tty: bool) -> str:
+        query = exec_query(task, command, tty, self._namespace)
+        if self._region:
+            query += "&" + urlencode({"region": self._region})
+        return f"{self._base}/v1/client/allocation/{alloc_id}/exec?{query}"
+
+    async def open(
+        self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
+    ) -> ExecSession:
+        """Start `command` in the allocation's task. Raises ExecError subtypes
+        (ExecRejected for an HTTP refusal, ExecBroken when Nomad is unreachable)."""
+        url = self.url(alloc_id, task, command, tty)
+        try:
+            ws = await websockets.connect(
+                url,
+                additional_headers=self._headers,
+                ssl=self._ssl,
+                open_timeout=self._connect_timeout_s,
+                # Nomad answers pings, but our own {} heartbeats are what it counts.
+                ping_interval=None,
+                max_size=MAX_FRAME_BYTES,
+                compression=None,
+                # Output waits here when the reader is slow: bounded, then TCP
+                # backpressure reaches Nomad.
+                max_queue=16,
+            )
+        except InvalidStatus as exc:
+            body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
+            status = exc.response.status_code
+            raise ExecRejected(body or f"Nomad answered {status}", status) from None
+        except (OSError, InvalidHandshake, TimeoutError) as exc:
+            raise ExecBroken(f"could not reach Nomad for exec: {exc}") from None
+        return ExecSession(ws, self._heartbeat_s)
+
+    @contextlib.asynccontextmanager
+    async def session(
+        self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
+    ) -> AsyncIterator[ExecSession]:
+        session = await self.open(alloc_id, task, command, tty=tty)
+        try:
+            yield session
+        finally:
+            await session.close()
+
+
+def tls_context(
+    ca_cert: str | None, client_cert: str | None, client_key: str | None, verify: bool
+) -> ssl.SSLContext:
+    """The TLS settings of the NOMAD_* variables as an SSLContext."""
+    context = ssl.create_default_context(cafile=ca_cert)
+    if client_cert and client_key:
+        context.load_cert_chain(client_cert, client_key)
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context

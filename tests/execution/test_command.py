@@ -1,0 +1,128 @@
+"""The wrapped commands, run for real by the host's bash: quoting holds for
+any command and any value, Nomad's variables are hidden, the marker reaches
+every process, stderr takes its own path, and `kill_command` ends the tree."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+
+from controller.execution.command import (
+    MARKER,
+    ExecSettings,
+    ExecutionRequest,
+    kill_command,
+    main_command,
+    parse_wrapper,
+    stderr_command,
+    valid_environment,
+)
+from tests.helpers import wait_until
+
+MERGED = ExecSettings(unprivileged_wrapper=(), separate_stderr=False)
+NASTY = 'it\'s a "test" with $HOME, `backticks`, \\ and\nnew lines; exit 3'
+
+
+def run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=10, env=env)
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["echo hello", "printf '%s' \"$0\"", "echo 'single' \"double\" `echo back`", "echo $((6*7))"],
+)
+def test_any_command_runs_as_written(command: str) -> None:
+    expected = run(["/bin/bash", "-c", command])
+    got = run(main_command("e1", ExecutionRequest(command), MERGED))
+    assert (got.stdout, got.returncode) == (expected.stdout, expected.returncode)
+
+
+def test_environment_values_arrive_exactly() -> None:
+    environment = {"A": NASTY, "B": "two  spaces", "EMPTY": "", "U": "ünïcödé"}
+    command = 'printf "%s|" "$A" "$B" "$EMPTY" "$U" "$CODEOCEAN"'
+    got = run(main_command("e1", ExecutionRequest(command, environment=environment), MERGED))
+    assert got.stdout == f"{NASTY}|two  spaces||ünïcödé|true|"
+
+
+def test_exit_code_passes_through() -> None:
+    assert run(main_command("e1", ExecutionRequest("exit 42"), MERGED)).returncode == 42
+
+
+def test_nomad_variables_are_hidden_and_the_marker_is_set() -> None:
+    env = {**os.environ, "NOMAD_ALLOC_ID": "a1", "NOMAD_TASK_DIR": "/local"}
+    command = 'echo "${NOMAD_ALLOC_ID-unset} ${NOMAD_TASK_DIR-unset} $' + MARKER + '"'
+    got = run(main_command("e7", ExecutionRequest(command), MERGED), env)
+    assert got.stdout == "unset unset e7\n"
+
+
+def test_the_unprivileged_wrapper_is_used_unless_privileged(tmp_path: Path) -> None:
+    folder = tmp_path / "a folder"
+    folder.mkdir()
+    shim = folder / "setuser"
+    shim.write_text('#!/bin/sh\necho "as $1" >&2\nshift\nexec "$@"\n')
+    shim.chmod(0o755)
+    settings = ExecSettings(unprivileged_wrapper=(str(shim), "user"), separate_stderr=False)
+    unprivileged = run(main_command("e1", ExecutionRequest("echo hi"), settings))
+    assert (unprivileged.stdout, unprivileged.stderr) == ("hi\n", "as user\n")
+    privileged = run(main_command("e1", ExecutionRequest("echo hi", privileged=True), settings))
+    assert (privileged.stdout, privileged.stderr) == ("hi\n", "")
+
+
+def test_stderr_goes_through_the_fifo_to_the_reader(tmp_path: Path) -> None:
+    settings = ExecSettings(unprivileged_wrapper=(), separate_stderr=True)
+    request = ExecutionRequest("echo out; echo err >&2; echo more-err >&2; exit 5")
+    execution = f"t{os.getpid()}"
+    reader = subprocess.Popen(stderr_command(execution, request, settings), stdout=subprocess.PIPE)
+    main = run(main_command(execution, request, settings))
+    stderr, _ = reader.communicate(timeout=10)
+    assert (main.stdout, main.stderr, main.returncode) == ("out\n", "", 5)
+    assert stderr == b"err\nmore-err\n"
+    assert not Path(f"/tmp/nrc-{execution}.stderr").exists(), "the FIFO is removed"
+
+
+def test_the_reader_gives_up_when_the_command_never_starts() -> None:
+    settings = ExecSettings(unprivileged_wrapper=(), separate_stderr=True)
+    argv = stderr_command("never", ExecutionRequest("true"), settings)
+    fast = [argv[0], argv[1], argv[2].replace("-ge 500", "-ge 5")]
+    assert fast != argv
+    assert run(fast).returncode == 0
+
+
+def test_kill_command_ends_every_marked_process_and_nothing_else() -> None:
+    command = "sleep 60 & (sleep 61 &) ; setsid sleep 62 & sleep 63"
+    argv = main_command("victim", ExecutionRequest(command), MERGED)
+    main = subprocess.Popen(argv, start_new_session=True)
+    bystander = subprocess.Popen(["sleep", "64"])
+
+    def marked() -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get(MARKER) == "victim":
+                    found.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        return found
+
+    try:
+        wait_until(lambda: len(marked()) >= 4, timeout=5)
+        assert run(kill_command("victim")).returncode == 0
+        wait_until(lambda: not [p for p in marked() if p.status() != psutil.STATUS_ZOMBIE], 5)
+        assert main.wait(timeout=5) != 0
+        assert bystander.poll() is None, "a process without the marker was killed"
+    finally:
+        bystander.kill()
+        bystander.wait()
+        for p in marked():
+            p.kill()
+
+
+def test_settings_helpers() -> None:
+    assert parse_wrapper("/sbin/setuser user") == ("/sbin/setuser", "user")
+    assert parse_wrapper("'/opt/my tools/su' 'a b'") == ("/opt/my tools/su", "a b")
+    assert parse_wrapper("") == ()
+    assert valid_environment({"A": "", "_b9": "", "9x": "", "a-b": ""}) == ["9x", "a-b"]
