@@ -40,7 +40,7 @@ def thread_cpu() -> dict[str, float]:
     the controller spends the process's CPU."""
     import re
 
-    import psutil  # type: ignore[import-untyped]
+    import psutil
 
     names = {t.native_id: t.name for t in threading.enumerate()}
     out: dict[str, float] = {}

@@ -1,0 +1,281 @@
+"""The exec client against a scripted Nomad (a websockets server playing the
+frames Nomad sends): what it sends, how it reads exits and errors, and that a
+connection ending without an exit frame is an error, never exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.http11 import Response
+
+from controller.nomad.exec import (
+    ExecBroken,
+    ExecClient,
+    ExecError,
+    ExecEvent,
+    ExecForbidden,
+    ExecRejected,
+    Exited,
+    Output,
+    StreamClosed,
+    TaskNotRunning,
+    UnknownAllocation,
+    Utf8Streams,
+    classify_close,
+    parse_frame,
+)
+
+Script = Callable[[ServerConnection], Awaitable[None]]
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+class Nomad:
+    """A WebSocket server running `script` for each connection; remembers requests."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, Headers]] = []
+        self.received: list[Any] = []
+        self.script: Script = self.exit0
+        self.refuse: tuple[int, str] | None = None
+
+    async def exit0(self, ws: ServerConnection) -> None:
+        await ws.send(json.dumps({"exited": True, "result": {}}))
+
+    async def handler(self, ws: ServerConnection) -> None:
+        await self.script(ws)
+
+    def process_request(self, ws: ServerConnection, request: Any) -> Response | None:
+        self.requests.append((request.path, request.headers))
+        if self.refuse is not None:
+            status, text = self.refuse
+            return Response(status, "refused", Headers(), text.encode())
+        return None
+
+
+@pytest.fixture
+async def nomad() -> AsyncIterator[tuple[Nomad, ExecClient]]:
+    fake = Nomad()
+    async with serve(fake.handler, "127.0.0.1", 0, process_request=fake.process_request) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        client = ExecClient(address=f"http://127.0.0.1:{port}", token="secret", namespace="ns1")
+        yield fake, client
+
+
+async def collect(
+    client: ExecClient, command: list[str] | None = None, tty: bool = False
+) -> list[ExecEvent]:
+    async with client.session("alloc-1", "default-task", command or ["echo", "hi"], tty=tty) as s:
+        return [event async for event in s.events()]
+
+
+@pytest.mark.anyio
+async def test_request_carries_task_command_tty_namespace_and_token(
+    nomad: tuple[Nomad, ExecClient],
+) -> None:
+    fake, client = nomad
+    assert await collect(client, ["/bin/bash", "-c", "echo 'a b'"], tty=True) == [Exited(0)]
+    path, headers = fake.requests[0]
+    parts = urlsplit(path)
+    assert parts.path == "/v1/client/allocation/alloc-1/exec"
+    query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+    assert query == {
+        "task": "default-task",
+        "command": json.dumps(["/bin/bash", "-c", "echo 'a b'"]),
+        "tty": "true",
+        "namespace": "ns1",
+    }
+    assert headers.get("X-Nomad-Token") == "secret"
+    assert headers.get("Origin") is None
+
+
+@pytest.mark.anyio
+async def test_output_close_frames_and_exit_code(nomad: tuple[Nomad, ExecClient]) -> None:
+    fake, client = nomad
+
+    async def script(ws: ServerConnection) -> None:
+        await ws.send(json.dumps({"stdout": {"data": b64(b"out")}}))
+        await ws.send(json.dumps({}))  # a heartbeat: nothing
+        await ws.send(json.dumps({"stderr": {"data": b64(b"err")}}))
+        await ws.send(json.dumps({"stdout": {"close": True}}))
+        await ws.send(json.dumps({"stderr": {"close": True}}))
+        await ws.send(json.dumps({"exited": True, "result": {"exit_code": 3}}))
+
+    fake.script = script
+    assert await collect(client) == [
+        Output("stdout", b"out"),
+        Output("stderr", b"err"),
+        StreamClosed("stdout"),
+        StreamClosed("stderr"),
+        Exited(3),
+    ]
+
+
+@pytest.mark.anyio
+async def test_the_exit_frame_is_final_even_when_the_connection_drops(
+    nomad: tuple[Nomad, ExecClient],
+) -> None:
+    fake, client = nomad
+
+    async def script(ws: ServerConnection) -> None:
+        await ws.send(json.dumps({"exited": True, "result": {}}))
+        ws.transport.abort()  # Nomad drops the connection without a close frame
+
+    fake.script = script
+    assert await collect(client) == [Exited(0)]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "ending",
+    ["abort", "close-1000", "close-1006-like"],
+)
+async def test_no_exit_frame_is_an_error_never_exit_0(
+    nomad: tuple[Nomad, ExecClient], ending: str
+) -> None:
+    fake, client = nomad
+
+    async def script(ws: ServerConnection) -> None:
+        await ws.send(json.dumps({"stdout": {"data": b64(b"partial")}}))
+        if ending == "abort":
+            ws.transport.abort()
+        elif ending == "close-1000":
+            await ws.close(1000)
+        else:
+            await ws.close(1001)
+
+    fake.script = script
+    events: list[ExecEvent] = []
+
+    async def read() -> None:
+        async with client.session("alloc-1", "default-task", ["true"]) as s:
+            async for event in s.events():
+                events.append(event)
+
+    with pytest.raises(ExecError):
+        await read()
+    assert events == [Output("stdout", b"partial")]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("code", "reason", "kind"),
+    [
+        (1008, 'Unknown allocation "alloc-1"', UnknownAllocation),
+        (1008, 'task "default-task" not started yet.', TaskNotRunning),
+        (1008, 'task "default-task" is not running.', TaskNotRunning),
+        (1008, "Permission denied", ExecForbidden),
+        (1008, "must provide task name", ExecRejected),
+        (1011, "rpc error: something broke", ExecRejected),
+    ],
+)
+async def test_close_reasons_become_typed_errors(
+    nomad: tuple[Nomad, ExecClient], code: int, reason: str, kind: type[ExecError]
+) -> None:
+    fake, client = nomad
+
+    async def script(ws: ServerConnection) -> None:
+        await ws.close(code, reason)
+
+    fake.script = script
+    with pytest.raises(kind) as raised:
+        await collect(client)
+    assert (raised.value.code, raised.value.reason) == (code, reason)
+
+
+@pytest.mark.anyio
+async def test_an_http_refusal_before_the_upgrade(nomad: tuple[Nomad, ExecClient]) -> None:
+    fake, client = nomad
+    fake.refuse = (500, "failed to parse command")
+    with pytest.raises(ExecRejected) as raised:
+        await collect(client)
+    assert (raised.value.code, raised.value.reason) == (500, "failed to parse command")
+
+
+@pytest.mark.anyio
+async def test_nomad_unreachable_is_broken() -> None:
+    client = ExecClient(address="http://127.0.0.1:9", connect_timeout_s=2)
+    with pytest.raises(ExecBroken):
+        await collect(client)
+
+
+@pytest.mark.anyio
+async def test_stdin_close_and_heartbeats_are_sent(nomad: tuple[Nomad, ExecClient]) -> None:
+    fake, _ = nomad
+    got: list[Any] = []
+
+    async def script(ws: ServerConnection) -> None:
+        while True:
+            frame = json.loads(await ws.recv())
+            got.append(frame)
+            if frame.get("stdin", {}).get("close"):
+                break
+        await ws.send(json.dumps({"exited": True, "result": {}}))
+
+    fake.script = script
+    client = ExecClient(address=_address(nomad[1]), heartbeat_s=0.05)
+    async with client.session("a", "t", ["cat"]) as s:
+        await s.send(b"line\n")
+        await s.send(b"")  # nothing is sent for nothing
+        await asyncio.sleep(0.12)
+        await s.resize(24, 80)
+        await s.close_stdin()
+        assert [e async for e in s.events()] == [Exited(0)]
+    assert got[0] == {"stdin": {"data": b64(b"line\n")}}
+    assert {} in got, "heartbeats"
+    assert {"tty_size": {"height": 24, "width": 80}} in got
+    assert got[-1] == {"stdin": {"close": True}}
+
+
+def _address(client: ExecClient) -> str:
+    return client.url("x", "t", [], False).split("/v1/")[0].replace("ws://", "http://")
+
+
+@pytest.mark.parametrize(
+    ("raw", "events"),
+    [
+        ('{"exited":true,"result":{}}', [Exited(0)]),
+        ('{"exited":true}', [Exited(0)]),
+        ('{"exited":true,"result":{"exit_code":137}}', [Exited(137)]),
+        ("{}", []),
+        ('{"stdout":{"data":""}}', []),
+        ('{"stdout":{"data":"aGk="}}', [Output("stdout", b"hi")]),
+        ('{"stderr":{"close":true}}', [StreamClosed("stderr")]),
+        ('{"somethingNew":1}', []),
+    ],
+)
+def test_parse_frame(raw: str, events: list[ExecEvent]) -> None:
+    assert parse_frame(raw) == events
+
+
+@pytest.mark.parametrize("raw", ["not json", "[1]", '{"stdout":{"data":"!!!"}}'])
+def test_parse_frame_rejects_what_is_not_nomad(raw: str) -> None:
+    with pytest.raises(ExecRejected):
+        parse_frame(raw)
+
+
+def test_classify_close() -> None:
+    assert isinstance(classify_close(1006, ""), ExecBroken)
+    assert isinstance(classify_close(1000, ""), ExecBroken)
+    assert isinstance(classify_close(1008, "Permission denied"), ExecForbidden)
+    assert isinstance(classify_close(4000, ""), ExecRejected)
+
+
+def test_utf8_streams_keep_split_characters_whole() -> None:
+    streams = Utf8Streams()
+    euro = "€".encode()
+    assert streams.decode("stdout", euro[:1]) == ""
+    assert streams.decode("stderr", b"x") == "x"
+    assert streams.decode("stdout", euro[1:]) == "€"
+    assert streams.decode("stdout", euro[:2]) == ""
+    assert streams.flush("stdout") == "\ufffd"
