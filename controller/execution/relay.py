@@ -234,6 +234,11 @@ class _Run:
                 outcome = TimedOut()
             await self._finish(outcome)
             return _result(outcome)
+        except asyncio.CancelledError:
+            # Shutting down: nothing more reaches the client, nothing may block.
+            self.client_gone = self.discard = True
+            writer.cancel()
+            raise
         finally:
             for task in [*helpers, *([] if handed_over else streams)]:
                 task.cancel()
@@ -442,9 +447,13 @@ class _Run:
             await self.queue.put(frame)
 
     async def _close_queue(self, writer: asyncio.Future[None]) -> None:
-        if not writer.done():
+        """Let the writer send what is queued (the terminal frame last), then stop;
+        without a client there is nothing to wait for."""
+        if self.client_gone:
+            writer.cancel()
+        elif not writer.done():
             await self.queue.put(None)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception, asyncio.CancelledError):
             await writer
 
     async def _write(self) -> None:

@@ -1,0 +1,216 @@
+"""The relay against fakes of Nomad's exec and of the runner: the paths a real
+simulator cannot force — an execution that cannot be ended, a client that
+never reads — and the order of what a client sees. End-to-end behaviour
+against the simulator is in tests/e2e/test_executions.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from controller.execution.command import ExecSettings, ExecutionRequest
+from controller.execution.frames import Frame, Released
+from controller.execution.relay import Relay, RelaySettings, Session
+from controller.execution.store import Execution
+from controller.metrics import Metrics
+from controller.model import LossReason
+from controller.nomad.exec import ExecEvent, Exited, Output
+
+pytestmark = pytest.mark.anyio
+FAST = RelaySettings(
+    exec=ExecSettings(separate_stderr=False),
+    quit_grace_s=0.05,
+    stop_grace_s=0.3,
+    stderr_drain_s=0.05,
+    settle_s=0.2,
+    loss_poll_s=0.02,
+)
+
+
+class FakeSession:
+    """An exec whose events come from a queue; `None` ends the stream with an exit code."""
+
+    def __init__(self, forever: bool = False) -> None:
+        self.events_queue: asyncio.Queue[ExecEvent | None] = asyncio.Queue()
+        self.stdin: list[bytes] = []
+        self.got_stdin = asyncio.Event()
+        self.closed = False
+        self.forever = forever  # ignores everything, never exits
+        self.consumed = 0
+
+    async def send(self, data: bytes) -> None:
+        self.stdin.append(data)
+        self.got_stdin.set()
+        if data == b"\x1c" and not self.forever:
+            await self.events_queue.put(Exited(131))
+
+    async def close_stdin(self) -> None:
+        pass
+
+    async def events(self) -> AsyncIterator[ExecEvent]:
+        while True:
+            event = await self.events_queue.get()
+            self.consumed += 1
+            if event is None:
+                return
+            yield event
+            if isinstance(event, Exited):
+                return
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeExecs:
+    main: FakeSession
+    opened: list[tuple[str, Sequence[str], bool]] = field(default_factory=list)
+
+    async def open(
+        self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
+    ) -> Session:
+        self.opened.append((alloc_id, command, tty))
+        if len(self.opened) == 1:
+            return self.main
+        kill = FakeSession()
+        await kill.events_queue.put(Exited(0))  # the kill exec ends at once
+        return kill
+
+
+@dataclass
+class FakeRunners:
+    lost: LossReason | None = None
+    stopped: list[LossReason] = field(default_factory=list)
+    uses_ended: int = 0
+
+    def loss(self, runner_id: str) -> LossReason | Released | None:
+        return self.lost
+
+    def record_loss(self, runner_id: str) -> LossReason | Released:
+        assert self.lost is not None
+        return self.lost
+
+    def observe(self) -> None:
+        pass
+
+    def end_use(self, runner_id: str) -> None:
+        self.uses_ended += 1
+
+    def stop_runner(self, runner_id: str, reason: LossReason) -> None:
+        self.stopped.append(reason)
+
+
+class FakeClient:
+    def __init__(self, reads: bool = True) -> None:
+        self.frames: list[Frame] = []
+        self.inbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.closed = asyncio.Event()
+        self.reads = reads
+        self.blocked = asyncio.Event()
+
+    async def send(self, frame: Frame) -> None:
+        if not self.reads:
+            self.blocked.set()
+            await asyncio.Event().wait()  # a client that never reads
+        self.frames.append(frame)
+
+    async def receive(self) -> bytes | None:
+        return await self.inbox.get()
+
+    async def close(self) -> None:
+        self.closed.set()
+
+
+def execution(time_limit_s: int = 0) -> Execution:
+    return Execution("e1", "7-r", ExecutionRequest("cat", time_limit_s=time_limit_s), 0.0)
+
+
+def relay(main: FakeSession, runners: FakeRunners) -> tuple[Relay, FakeExecs]:
+    execs = FakeExecs(main)
+    return Relay(execs, runners, Metrics(), FAST), execs
+
+
+async def test_frames_in_order_and_stdin_relayed() -> None:
+    main, runners, client = FakeSession(), FakeRunners(), FakeClient()
+    r, execs = relay(main, runners)
+    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client))
+    await client.inbox.put(b"hello\n")
+    await main.events_queue.put(Output("stdout", b"hello\r\n"))
+    await main.got_stdin.wait()
+    await main.events_queue.put(Exited(0))
+    await task
+    assert client.frames == [
+        {"type": "start"},
+        {"type": "stdout", "data": "hello\r\n"},
+        {"type": "exit", "data": 0},
+    ]
+    assert main.stdin == [b"hello\n"]
+    assert execs.opened[0][0] == "alloc-1" and execs.opened[0][2] is True
+    assert client.closed.is_set() and main.closed and runners.uses_ended == 1
+
+
+async def test_a_command_that_cannot_be_ended_costs_the_runner() -> None:
+    main, runners, client = FakeSession(forever=True), FakeRunners(), FakeClient()
+    r, execs = relay(main, runners)
+    await r.run(execution(time_limit_s=1), "alloc-1", client)
+    assert client.frames[-1] == {"type": "timeout"}
+    assert runners.stopped == []  # not yet: Ctrl-\, the kill exec, then the grace
+    await r.wait_background()
+    assert main.stdin == [b"\x1c"], "Ctrl-\\ first"
+    assert len(execs.opened) == 2, "then an exec that kills the marked processes"
+    assert runners.stopped == [LossReason.EXECUTION_NOT_STOPPED]
+    assert runners.uses_ended == 1
+
+
+async def test_a_command_that_ends_on_sigquit_keeps_the_runner() -> None:
+    main, runners, client = FakeSession(), FakeRunners(), FakeClient()
+    r, _ = relay(main, runners)
+    await r.run(execution(time_limit_s=1), "alloc-1", client)
+    await r.wait_background()
+    assert client.frames[-1] == {"type": "timeout"}
+    assert runners.stopped == [] and runners.uses_ended == 1
+
+
+async def test_a_client_that_leaves_gets_no_frame_and_the_command_is_stopped() -> None:
+    main, runners, client = FakeSession(), FakeRunners(), FakeClient()
+    r, execs = relay(main, runners)
+    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client))
+    await client.inbox.put(None)
+    await task
+    await r.wait_background()
+    assert client.frames == [{"type": "start"}]
+    assert main.stdin == [b"\x1c"] and len(execs.opened) == 2
+
+
+async def test_a_loss_during_the_run_ends_it_with_the_reason() -> None:
+    main, runners, client = FakeSession(forever=True), FakeRunners(), FakeClient()
+    r, _ = relay(main, runners)
+    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client))
+    await main.events_queue.put(Output("stdout", b"working"))
+    await asyncio.sleep(0.05)
+    runners.lost = LossReason.OOM_KILLED
+    await task
+    assert client.frames[-2:] == [
+        {"type": "stdout", "data": "working"},
+        {"type": "error", "data": "the allocation was OOM Killed"},
+    ]
+
+
+async def test_a_client_that_never_reads_holds_the_exec_back() -> None:
+    """Backpressure: output waits in a bounded queue; Nomad's stream is not
+    read further, so nothing grows without bound."""
+    main, runners, client = FakeSession(), FakeRunners(), FakeClient(reads=False)
+    r, _ = relay(main, runners)
+    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client))
+    for _ in range(10_000):
+        main.events_queue.put_nowait(Output("stdout", b"x" * 1024))
+    await client.blocked.wait()
+    await asyncio.sleep(0.1)
+    # start + the queue + the frame in the writer's hands + one in the pump's
+    assert main.consumed <= FAST.output_queue + 4
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
