@@ -3,9 +3,11 @@
 It is the test bed of the controller and the embedded default of `make run`.
 Its parts mirror Nomad's own: `state` (tables, index, blocking queries),
 `encode` (Nomad's JSON rules), `scheduler` (evaluations and placement),
-`client` (task lifecycle on a node), `drainer` (drains and migrations),
-`events` (the event broker), `variables` (variables and locks), `http` (the
-routes) and `server` (running it). It imports nothing from the controller."""
+`client` (task lifecycle on a node), `driver` (a raw_exec-like task driver
+that really runs exec'd commands on this host, without isolation), `drainer`
+(drains and migrations), `events` (the event broker), `variables` (variables
+and locks), `http` and `alloc_exec` (the routes; `gojson` has Go's error
+texts) and `server` (running it). It imports nothing from the controller."""
 
 from controller.sim.core import Faults, NomadError, SimConfig, Simulator
 from controller.sim.server import SimServer

@@ -1,6 +1,6 @@
 """The simulated Nomad cluster: configuration, the parts that make it up
-(state store, scheduler, clients, drainer, variables, event broker) and the
-operations the HTTP layer calls. Every operation runs on the simulator's event
+(state store, scheduler, clients, task driver, drainer, variables, event
+broker) and the operations the HTTP layer calls. Every operation runs on the simulator's event
 loop; errors are raised as `NomadError` carrying Nomad's status and text."""
 
 from __future__ import annotations
@@ -9,11 +9,13 @@ import asyncio
 import random
 import uuid
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from controller.sim.client import Client
 from controller.sim.clock import Clock, SystemClock, Timers
 from controller.sim.drainer import Drainer, drain_eval
+from controller.sim.driver import Driver, ExecRefused, Execution
 from controller.sim.encode import (
     JobValidationError,
     alloc_datum,
@@ -27,6 +29,7 @@ from controller.sim.encode import (
     json_bytes,
 )
 from controller.sim.events import EventBroker
+from controller.sim.gojson import quote
 from controller.sim.records import Alloc, Eval, JobRecord, JsonDict, Node
 from controller.sim.scheduler import Scheduler
 from controller.sim.state import ALLOCS, EVALS, JOBS, Commit, StateStore, Txn
@@ -66,7 +69,13 @@ class SimConfig:
     seed: int = 0
     startup_delay_ms: float = 500.0
     stop_delay_ms: float = 200.0
+    # The management token: every capability. With it or `acl_tokens` set,
+    # ACLs are on and every /v1 request needs a known token.
     acl_token: str | None = None
+    # More tokens, each with the namespace capabilities it grants in every
+    # namespace (`alloc-exec`, `read-job`, ...). Routes other than exec accept
+    # any known token; exec needs `alloc-exec`.
+    acl_tokens: dict[str, tuple[str, ...]] = field(default_factory=dict)
     heartbeat_interval_ms: float = 30_000.0
     event_buffer_size: int = 100
     # Production ordering: how long after the replacement runs the old one completes.
@@ -152,6 +161,8 @@ class Simulator:
         self.client = Client(self)
         self.drainer = Drainer(self)
         self.variables = Variables(self)
+        self.driver = Driver(self)
+        self.store.add_listener(self.driver.on_commit)
         self.migrations: dict[str, tuple[str, str]] = {}
         self.queued: dict[tuple[str, str], dict[str, int]] = {}
         self._ports = _Ports()
@@ -171,6 +182,7 @@ class Simulator:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Bind to the event loop and register the nodes."""
         self._timers = Timers(loop)
+        self.driver.start(loop)
         for i in range(1, self.config.nodes + 1):
             now = self.clock.now_ns()
             with self.store.txn("NodeRegister") as tx:
@@ -200,12 +212,32 @@ class Simulator:
     def stop(self) -> None:
         """Stop serving long requests: open event streams and blocked queries
         end, and from now on new ones end at once (the HTTP server still
-        accepts connections until uvicorn notices it should exit). Idempotent."""
+        accepts connections until uvicorn notices it should exit). Every
+        process exec started is killed, its exec stream ended. Idempotent."""
         self.stopped = True
         self.broker.close_all()
         self.store.wake_all()
         if self._timers is not None:
             self._timers.cancel_all()
+        self.driver.close()
+
+    # -- ACL tokens -------------------------------------------------------------
+
+    @property
+    def acl_enabled(self) -> bool:
+        return self.config.acl_token is not None or bool(self.config.acl_tokens)
+
+    def token_known(self, token: str | None) -> bool:
+        return token is not None and (
+            token == self.config.acl_token or token in self.config.acl_tokens
+        )
+
+    def token_allows(self, token: str | None, capability: str) -> bool:
+        """Whether the token grants the namespace capability (anything with
+        ACLs off or for the management token; nothing for no token)."""
+        if not self.acl_enabled or (token is not None and token == self.config.acl_token):
+            return True
+        return capability in self.config.acl_tokens.get(token or "", ())
 
     @property
     def timers(self) -> Timers:
@@ -592,6 +624,58 @@ class Simulator:
                 409,
                 f"allocation {alloc_id} has no running task (client status {alloc.client_status})",
             )
+
+    # -- exec -------------------------------------------------------------------
+
+    def exec(
+        self, alloc_id: str, task: str, command: list[str], tty: bool, token: str | None
+    ) -> Execution:
+        """Start a command in an allocation's task. The checks and texts of
+        Nomad's server (nomad/client_alloc_endpoint.go exec), in its order,
+        then its client's (driver.py). Errors without a code in Nomad,
+        `Permission denied` among them, are 500 here as they are there."""
+        # Authenticate: a token that resolves to nothing is refused before the
+        # allocation is looked up; no token at all is the anonymous token.
+        if self.acl_enabled and token and not self.token_known(token):
+            raise NomadError(500, "Permission denied")  # structs.ErrPermissionDenied
+        alloc = self.store.allocs.get(alloc_id)
+        if alloc is None:
+            # structs.NewErrUnknownAllocation: ErrUnknownAllocationPrefix + " %q"
+            raise NomadError(404, f"Unknown allocation {quote(alloc_id)}")
+        if not self.token_allows(token, "alloc-exec"):
+            raise NomadError(500, "Permission denied")
+        if alloc.client_terminal():
+            raise NomadError(
+                400,
+                f"exec not possible, client status of allocation {alloc.id} "
+                f"is {alloc.client_status}",
+            )
+        node = self.store.nodes.get(alloc.node_id)
+        if node is None:
+            raise NomadError(400, f"Unknown node {quote(alloc.node_id)}")
+        if node.status != "ready":
+            # The server holds no connection to a node that stopped heartbeating.
+            raise NomadError(404, "No path to node")  # structs.ErrNoNodeConn
+        try:
+            return self.driver.exec(
+                alloc, task, command, tty, lambda cap: self.token_allows(token, cap)
+            )
+        except ExecRefused as exc:
+            raise NomadError(exc.status, exc.text) from None
+
+    def exec_processes(self, alloc_id: str) -> list[int]:
+        """Live processes the allocation's executions started (marker scan)."""
+        return self.driver.processes(alloc_id)
+
+    def task_dir(self, alloc_id: str, task: str | None = None) -> Path | None:
+        """The working directory of the allocation's task (the group's first
+        by default) while it runs, else None."""
+        return self.driver.task_dir(alloc_id, task)
+
+    @property
+    def setuser_path(self) -> str:
+        """Absolute path of the simulator's stand-in for `/sbin/setuser`."""
+        return self.driver.setuser_path
 
     # -- nodes ------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ Reads honour `index`/`wait` (blocking queries: return once the response's
 index exceeds `index`, or after `wait` plus up to wait/16 jitter, capped at
 300 s) and answer `X-Nomad-Index`, `X-Nomad-KnownLeader` and
 `X-Nomad-LastContact`. List reads may lag behind writes when the
-`stale_read_rate` fault is set, as a read served by a follower would."""
+`stale_read_rate` fault is set, as a read served by a follower would.
+Allocation exec, a WebSocket, is wired here and lives in `alloc_exec`."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from controller.sim import bexpr, encode
+from controller.sim.alloc_exec import EXEC_ROUTE, exec_endpoint, not_upgraded_endpoint
 from controller.sim.core import NomadError, Simulator
 from controller.sim.events import Subscription, parse_topics
 from controller.sim.state import ALLOCS, EVALS, JOB_SUMMARY, JOBS, NODES, VARIABLES
@@ -643,7 +645,7 @@ async def agent_self(request: Request, sim: Simulator) -> Response:
                 "Datacenter": "dc1",
                 "NodeName": "nomad-sim",
                 "Version": {"Version": "1.11.1", "VersionPrerelease": "", "Revision": "sim"},
-                "ACL": {"Enabled": sim.config.acl_token is not None},
+                "ACL": {"Enabled": sim.acl_enabled},
             },
             "member": {
                 "Name": "nomad-sim.global",
@@ -714,12 +716,12 @@ def _wrap(
     async def serve(request: Request) -> Response:
         key = f"{request.method} {template}"
         sim.requests[key] = sim.requests.get(key, 0) + 1
-        if nomad_api and sim.config.acl_token is not None:
+        if nomad_api and sim.acl_enabled:
             token = request.headers.get("X-Nomad-Token")
             auth = request.headers.get("Authorization", "")
             if auth.startswith("Bearer "):
                 token = token or auth[7:]
-            if token != sim.config.acl_token:
+            if not sim.token_known(token):
                 return text(403, "Permission denied")
         if nomad_api:
             faults = sim.faults
@@ -771,6 +773,13 @@ def routes(sim: Simulator) -> list[BaseRoute]:
         ("/_sim/node/{node_id}/down", sim_node_down, ["POST"]),
         ("/_sim/node/{node_id}/up", sim_node_up, ["POST"]),
     ]
-    return [
+    wrapped: list[BaseRoute] = [
         Route(path, _wrap(sim, path, handler), methods=methods) for path, handler, methods in table
+    ]
+    # Allocation exec is a WebSocket (alloc_exec.py); asked without an
+    # upgrade it is refused as gorilla/websocket refuses it.
+    return [
+        *wrapped,
+        WebSocketRoute(EXEC_ROUTE, exec_endpoint(sim)),
+        Route(EXEC_ROUTE, not_upgraded_endpoint(sim), methods=["GET"]),
     ]

@@ -9,22 +9,42 @@ keeps accepting connections until its next tick (0.1 s) notices it should
 exit, and a client that reconnects in that window gets a stream (or blocking
 query) that ends at once instead of one that holds the shutdown until the
 graceful-shutdown timeout cancels it; its answer carries `Connection: close`,
-so the connection does not idle either."""
+so the connection does not idle either.
+
+Allocation exec runs commands on this host without isolation (driver.py), so
+the simulator listens on 127.0.0.1 unless told otherwise, and says so loudly
+when it is told otherwise. Whatever ends the simulator's thread, the processes
+it started are killed and its directory removed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import logging
 import signal
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from types import FrameType
+from typing import TypeVar
 
 import uvicorn
 from starlette.applications import Starlette
 
 from controller.sim.core import SimConfig, Simulator
 from controller.sim.http import routes
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def create_app(sim: Simulator) -> Starlette:
@@ -88,6 +108,18 @@ class SimServer:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.host = host
+        if not _loopback(host):
+            log.warning(
+                "the Nomad simulator listens on %s: anyone who reaches it can run commands "
+                "on this host as this user through allocation exec (docs/simulator.md)",
+                host,
+            )
+
+    @property
+    def setuser_path(self) -> str:
+        """Absolute path of the simulator's stand-in for `/sbin/setuser`
+        (callable from any thread)."""
+        return self.sim.setuser_path
 
     @property
     def port(self) -> int:
@@ -102,7 +134,10 @@ class SimServer:
 
     def serve_forever(self) -> None:
         """Run in the foreground until SIGINT or SIGTERM."""
-        self._server.run()
+        try:
+            self._server.run()
+        finally:
+            self.sim.driver.abandon()
 
     def start(self, timeout: float = 10.0) -> str:
         """Start on a background thread; return the base address once it listens."""
@@ -114,8 +149,12 @@ class SimServer:
             asyncio.set_event_loop(loop)
             task = loop.create_task(self._server.serve())
             loop.call_soon(started.set)
-            loop.run_until_complete(task)
-            loop.close()
+            try:
+                loop.run_until_complete(task)
+            finally:
+                # A normal stop has closed the driver already; a crash has not.
+                self.sim.driver.abandon()
+                loop.close()
 
         self._thread = threading.Thread(target=run, name="nomad-sim", daemon=True)
         # uvicorn captures signals only on the main thread, so none are touched here.
@@ -144,16 +183,19 @@ class SimServer:
         self._server.should_exit = True
         self._thread.join(timeout)
         self._thread = None
+        # Should the thread be stuck or dead, no process outlives the stop.
+        self.sim.driver.abandon()
 
     async def _close_sim(self) -> None:
         self.sim.stop()
 
-    def call(self, fn: object) -> object:
-        """Run a zero-argument callable on the simulator's loop and return its result."""
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run a zero-argument callable on the simulator's loop and return its
+        result (e.g. `call(lambda: server.sim.exec_processes(alloc_id))`)."""
         assert self._loop is not None
         assert callable(fn)
 
-        async def run() -> object:
+        async def run() -> T:
             return fn()
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)

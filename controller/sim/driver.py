@@ -1,0 +1,866 @@
+"""The simulator's task driver: like Nomad's `raw_exec`, it runs what
+`/v1/client/allocation/:id/exec` asks for as real child processes of the
+simulator, on this host, as the simulator's own user and WITHOUT isolation
+(docs/simulator.md says what that means).
+
+It follows the task states the client writes (a state store listener, as
+Nomad's task runner drives its driver; it never calls the scheduler). Every
+start of a task — the first and each restart in place — gets a fresh, empty
+working directory, because a restart, an OOM kill, a reschedule, a migration
+and a lost node each mean a new container. When the task stops running
+(killed, exited, allocation terminal, lost or deleted, node down) every
+process its executions started gets SIGKILL: each execution's session, and
+every process whose environment carries the allocation's marker, which finds
+those that left the session too. Stopping the simulator does the same for all
+of them and removes the directories.
+
+One execution is one child process in a session of its own. With a tty it
+runs on a real pseudo-terminal, so the kernel echoes input, turns `\\n` into
+`\\r\\n`, merges stderr into stdout and turns 0x1C into SIGQUIT; without one
+it has three pipes. Output is read without blocking on the simulator's event
+loop and the exit is learnt from a pidfd: no thread runs per execution. A
+client that goes away does not stop its process (Nomad's does not either):
+the output is read and dropped until the process ends."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import base64
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import termios
+import threading
+import uuid
+import weakref
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from controller.sim.encode import group_of
+from controller.sim.gojson import quote
+from controller.sim.records import RUNNING, Alloc, JsonDict
+from controller.sim.state import ALLOCS, NODES, Commit
+
+if TYPE_CHECKING:
+    from controller.sim.core import Simulator
+
+log = logging.getLogger(__name__)
+
+# Nomad reads exec output 1 KiB at a time (plugins/drivers/execstreaming.go),
+# so no data frame carries more than 1,024 bytes.
+READ_SIZE = 1024
+# After the command's main process exits, how long its output may take to
+# reach end of file before the execution ends anyway: a background child that
+# inherited the pipe or the terminal would otherwise hold it open forever.
+DRAIN_S = 0.2
+# At that point at most this many reads more (1 MiB) of what is buffered.
+DRAIN_READS = 1024
+# A client that reads slower than the command writes: reading pauses once
+# this many frames wait and resumes below the low mark.
+QUEUE_HIGH = 64
+QUEUE_LOW = 16
+# Input waiting for a command that does not read it: the client's frames are
+# not read further until it is below this.
+STDIN_HIGH = 1 << 20
+# What a terminal's end of file is (VEOF, ^D) and what stdin `close` writes
+# with a tty: closing the terminal itself would hang the session up.
+EOF_CHAR = b"\x04"
+# Environment markers of every process an execution starts: the allocation
+# and the simulator instance (two simulators with one seed share alloc IDs).
+MARKER = "NOMADSIM_ALLOC_ID"
+INSTANCE_MARKER = "NOMADSIM_INSTANCE"
+
+SETUSER = """#!/bin/sh
+# nomad-sim: stands in for phusion baseimage's /sbin/setuser, which Poseidon
+# wraps unprivileged commands in. It does not change users: it drops the user
+# name and runs the rest as the simulator's own user.
+if [ "$#" -lt 2 ]; then
+    echo "Usage: setuser USERNAME COMMAND [args..]" >&2
+    exit 1
+fi
+shift
+exec "$@"
+"""
+
+
+class ExecRefused(Exception):
+    """Nomad's client refused the execution: its status code and text."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+def data_frame(stream: str, data: bytes) -> str:
+    return f'{{"{stream}":{{"data":"{base64.b64encode(data).decode()}"}}}}'
+
+
+def close_frame(stream: str) -> str:
+    return f'{{"{stream}":{{"close":true}}}}'
+
+
+def exit_frame(code: int) -> str:
+    # Nomad's frames are protobuf structs with omitempty tags: exit code 0 is
+    # left out, so a success is `"result":{}`.
+    if code == 0:
+        return '{"exited":true,"result":{}}'
+    return f'{{"exited":true,"result":{{"exit_code":{code}}}}}'
+
+
+def _take_controlling_tty() -> None:
+    # Runs in the child between fork and exec (after setsid, with the
+    # terminal already on fd 0): only a system call, nothing imported.
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+# -- finding and killing marked processes -----------------------------------------
+
+
+def _needles(instance: str, alloc_id: str | None) -> list[bytes]:
+    needles = [f"\0{INSTANCE_MARKER}={instance}\0".encode()]
+    if alloc_id is not None:
+        needles.append(f"\0{MARKER}={alloc_id}\0".encode())
+    return needles
+
+
+def _marked(pid: int, needles: list[bytes]) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = b"\0" + f.read() + b"\0"
+    except OSError:  # gone, or another user's
+        return False
+    return all(n in environ for n in needles)
+
+
+def marked_processes(instance: str, alloc_id: str | None = None) -> list[int]:
+    """Live processes whose environment carries the markers (zombies have none)."""
+    needles = _needles(instance, alloc_id)
+    pids = []
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if entry.name.isdigit() and _marked(int(entry.name), needles):
+                pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def kill_marked(instance: str, alloc_id: str | None = None) -> None:
+    """SIGKILL every marked process. Each is pinned with a pidfd and checked
+    again before the signal, so a pid reused meanwhile is never hit; a few
+    rounds catch children forked while their parents were being killed."""
+    needles = _needles(instance, alloc_id)
+    for _ in range(3):
+        pids = marked_processes(instance, alloc_id)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            try:
+                if _marked(pid, needles):
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            finally:
+                os.close(pidfd)
+
+
+# -- one execution -------------------------------------------------------------------
+
+
+class _Stream:
+    """One output of an execution. `announced`: its close frame is sent; it
+    is still read (and what it gives dropped) until end of file. `ended`: end
+    of file seen; its descriptor may stay open a little longer (a terminal's
+    until the process has exited)."""
+
+    __slots__ = ("announced", "ended", "fd", "name", "reading")
+
+    def __init__(self, name: str, fd: int) -> None:
+        self.name = name
+        self.fd: int | None = fd
+        self.announced = False
+        self.ended = False
+        self.reading = False
+
+
+class Execution:
+    """One command started by an exec request, and the frames it produces.
+
+    `frames` holds Nomad's output frames as JSON text with a flag marking the
+    last one (the exit frame): data frames, each stream's close frame, then
+    the exit frame, with 128+N as the exit code of a process killed by
+    signal N."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        alloc_id: str,
+        process: subprocess.Popen[bytes],
+        tty: bool,
+        stdin_fd: int,
+        outputs: list[tuple[str, int]],
+    ) -> None:
+        self.driver = driver
+        self.alloc_id = alloc_id
+        self.process = process
+        self.pid = process.pid
+        self.tty = tty
+        self.loop = driver.loop
+        self.frames: asyncio.Queue[tuple[str, bool]] = asyncio.Queue()
+        self.attached = True
+        self.exit_code: int | None = None
+        self.finished = False
+        self._streams = [_Stream(name, fd) for name, fd in outputs]
+        self._stdin_fd: int | None = stdin_fd
+        self._stdin_buffer = bytearray()
+        self._stdin_closing = False
+        self._stdin_writing = False
+        self._stdin_room = asyncio.Event()
+        self._stdin_room.set()
+        self._paused = False
+        self._deadline: asyncio.TimerHandle | None = None
+        self._poll: asyncio.TimerHandle | None = None
+        os.set_blocking(stdin_fd, False)
+        for stream in self._streams:
+            assert stream.fd is not None
+            os.set_blocking(stream.fd, False)
+            self._start_reading(stream)
+        self._pidfd: int | None = None
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except OSError:
+            # No pidfds (Linux < 5.3): look for the exit on a timer instead.
+            self._poll = self.loop.call_later(0.02, self._poll_exit)
+        else:
+            self.loop.add_reader(self._pidfd, self._exit_readable)
+
+    # -- output --------------------------------------------------------------------
+
+    def _start_reading(self, stream: _Stream) -> None:
+        if stream.fd is not None and not stream.ended and not stream.reading:
+            self.loop.add_reader(stream.fd, self._readable, stream)
+            stream.reading = True
+
+    def _stop_reading(self, stream: _Stream) -> None:
+        if stream.fd is not None and stream.reading:
+            self.loop.remove_reader(stream.fd)
+            stream.reading = False
+
+    def _read(self, stream: _Stream) -> bytes | None:
+        """One read: bytes, b"" at end of file, None when nothing is there now."""
+        assert stream.fd is not None
+        try:
+            return os.read(stream.fd, READ_SIZE)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            # EIO is how a pseudo-terminal says every slave side is closed.
+            if exc.errno != errno.EIO:
+                log.warning("reading the output of exec process %d: %s", self.pid, exc)
+            return b""
+
+    def _readable(self, stream: _Stream) -> None:
+        data = self._read(stream)
+        if data is None:
+            return
+        if not data:
+            self._end_stream(stream)
+        elif not stream.announced:
+            self._emit(data_frame(stream.name, data))
+
+    def _emit(self, text: str, last: bool = False) -> None:
+        if not self.attached:
+            return
+        self.frames.put_nowait((text, last))
+        if not self._paused and self.frames.qsize() >= QUEUE_HIGH:
+            self._paused = True
+            for stream in self._streams:
+                if not stream.announced:
+                    self._stop_reading(stream)
+
+    def consumed(self) -> None:
+        """The client took a frame: resume reading once it has caught up."""
+        if self._paused and self.frames.qsize() <= QUEUE_LOW:
+            self._resume()
+
+    def _resume(self) -> None:
+        self._paused = False
+        for stream in self._streams:
+            self._start_reading(stream)
+
+    def _announce(self, stream: _Stream) -> None:
+        stream.announced = True
+        self._emit(close_frame(stream.name))
+        # From now on what it gives is dropped, so it is read whatever the client does.
+        self._start_reading(stream)
+
+    def _end_stream(self, stream: _Stream) -> None:
+        """End of file: announce it; release the descriptor unless it is the
+        terminal of a process still exiting. The slave side closes as the
+        process exits, before it is reaped, and closing the master then
+        would hang the terminal up and kill the process with SIGHUP (Nomad
+        closes it after the process has exited, too)."""
+        self._stop_reading(stream)
+        stream.ended = True
+        if not (self.tty and self.exit_code is None):
+            self._release(stream)
+        if not stream.announced:
+            self._announce(stream)
+        self._check_done()
+
+    def _release(self, stream: _Stream) -> None:
+        if stream.fd is None:
+            return
+        self._stop_reading(stream)
+        if self.tty:
+            self._drop_stdin()  # the terminal is stdin too
+        os.close(stream.fd)
+        stream.fd = None
+
+    # -- exit ------------------------------------------------------------------------
+
+    def _exit_readable(self) -> None:
+        code = self.process.poll()
+        if code is not None:
+            self._exited(code)
+
+    def _poll_exit(self) -> None:
+        code = self.process.poll()
+        if code is None:
+            self._poll = self.loop.call_later(0.02, self._poll_exit)
+        else:
+            self._poll = None
+            self._exited(code)
+
+    def _exited(self, returncode: int) -> None:
+        if self.exit_code is not None:
+            return
+        if self._pidfd is not None:
+            self.loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        # Popen reports death by signal N as -N; Nomad as 128+N.
+        self.exit_code = 128 - returncode if returncode < 0 else returncode
+        if not self.tty:
+            # Nomad's executor closes the command's stdin once it has exited.
+            self._drop_stdin()
+        for stream in self._streams:
+            if stream.ended:
+                self._release(stream)
+        self._deadline = self.loop.call_later(DRAIN_S, self._drain)
+        self._check_done()
+
+    def _drain(self) -> None:
+        """The output has not ended a while after the exit: send what is
+        buffered, announce the end of every stream, and finish."""
+        self._deadline = None
+        for stream in self._streams:
+            for _ in range(DRAIN_READS):
+                if stream.fd is None or stream.ended or stream.announced:
+                    break
+                data = self._read(stream)
+                if data is None:
+                    break
+                if not data:
+                    self._end_stream(stream)
+                else:
+                    self._emit(data_frame(stream.name, data))
+            if not stream.announced:
+                self._announce(stream)
+        self._check_done()
+
+    def _check_done(self) -> None:
+        if self.exit_code is None:
+            return
+        if not self.finished and all(s.announced for s in self._streams):
+            self.finished = True
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+            self._emit(exit_frame(self.exit_code), last=True)
+        if self.finished and all(s.fd is None for s in self._streams):
+            self.driver.retire(self)
+
+    # -- input -----------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        """Queue bytes for the command's stdin (dropped once stdin is closed)."""
+        if self._stdin_fd is None or self._stdin_closing or not data:
+            return
+        self._stdin_buffer += data
+        self._flush_stdin()
+
+    def close_stdin(self) -> None:
+        """End of input: the pipe's write end closes once what is queued is
+        written; on a terminal it is the EOF character."""
+        if self.tty:
+            self.write(EOF_CHAR)
+            return
+        self._stdin_closing = True
+        self._flush_stdin()
+
+    async def stdin_room(self) -> None:
+        await self._stdin_room.wait()
+
+    def _flush_stdin(self) -> None:
+        fd = self._stdin_fd
+        if fd is None:
+            return
+        while self._stdin_buffer:
+            try:
+                written = os.write(fd, self._stdin_buffer)
+            except BlockingIOError:
+                break
+            except OSError:
+                # The command is gone (EPIPE, or EIO on a terminal): input is dropped.
+                self._stdin_buffer.clear()
+                break
+            del self._stdin_buffer[:written]
+        if self._stdin_buffer and not self._stdin_writing:
+            self.loop.add_writer(fd, self._flush_stdin)
+            self._stdin_writing = True
+        elif not self._stdin_buffer and self._stdin_writing:
+            self.loop.remove_writer(fd)
+            self._stdin_writing = False
+        if len(self._stdin_buffer) < STDIN_HIGH:
+            self._stdin_room.set()
+        else:
+            self._stdin_room.clear()
+        if not self._stdin_buffer and self._stdin_closing:
+            self._drop_stdin()
+
+    def _drop_stdin(self) -> None:
+        fd = self._stdin_fd
+        if fd is None:
+            return
+        if self._stdin_writing:
+            self.loop.remove_writer(fd)
+            self._stdin_writing = False
+        self._stdin_fd = None
+        self._stdin_buffer.clear()
+        self._stdin_room.set()
+        if not self.tty:
+            os.close(fd)
+
+    def resize(self, height: int, width: int) -> None:
+        """TIOCSWINSZ on the terminal (the foreground process gets SIGWINCH)."""
+        if self.tty and self._stdin_fd is not None:
+            size = struct.pack("HHHH", height, width, 0, 0)
+            with contextlib.suppress(OSError):
+                fcntl.ioctl(self._stdin_fd, termios.TIOCSWINSZ, size)
+
+    # -- the client and the end ------------------------------------------------------
+
+    def detach(self) -> None:
+        """The client went away: the command runs on, its output is dropped."""
+        self.attached = False
+        while not self.frames.empty():
+            self.frames.get_nowait()
+        if self._paused:
+            self._resume()
+
+    def kill(self) -> None:
+        """SIGKILL the session. Only while the main process is not reaped: its
+        pid, which is the session's and group's id, cannot be reused until then."""
+        if self.exit_code is None and self.process.returncode is None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.pid, signal.SIGKILL)
+
+    def shutdown(self) -> None:
+        """The simulator stops: reap the killed process, send the last frames,
+        release every descriptor."""
+        if self._poll is not None:
+            self._poll.cancel()
+            self._poll = None
+        if self.exit_code is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(1.0)
+            # One that even SIGKILL has not ended in a second is reported killed.
+            returncode = self.process.returncode
+            self._exited(-signal.SIGKILL if returncode is None else returncode)
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._drain()
+        for stream in self._streams:
+            if not stream.announced:
+                self._announce(stream)
+            self._release(stream)
+        self._check_done()
+        self._drop_stdin()
+        if self._pidfd is not None:
+            self.loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+# -- the driver ----------------------------------------------------------------------
+
+
+class Driver:
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        self.instance = uuid.uuid4().hex
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._root: Path | None = None
+        self._root_lock = threading.Lock()
+        # allocation -> StartedAt of the run its tasks are in, while they run
+        self._runs: dict[str, int] = {}
+        self._executions: dict[str, set[Execution]] = {}
+        # Allocations whose processes may be around, and those with a directory.
+        self._with_processes: set[str] = set()
+        self._with_dir: set[str] = set()
+        self.closed = False
+        _DRIVERS.add(self)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("simulator not started")
+        return self._loop
+
+    # -- directories -----------------------------------------------------------------
+
+    @property
+    def root(self) -> Path:
+        """The simulator's directory (created on first use, removed at stop)."""
+        with self._root_lock:
+            if self.closed:
+                raise RuntimeError("simulator stopped")
+            if self._root is None:
+                self._root = Path(tempfile.mkdtemp(prefix="nomad-sim-"))
+            return self._root
+
+    @property
+    def setuser_path(self) -> str:
+        """An executable `setuser USER COMMAND...` that runs COMMAND as is."""
+        path = self.root / "bin" / "setuser"
+        if not path.exists():
+            path.parent.mkdir(exist_ok=True)
+            staged = path.with_name(f".setuser-{uuid.uuid4().hex}")
+            staged.write_text(SETUSER)
+            staged.chmod(0o755)
+            staged.replace(path)
+        return str(path)
+
+    def _alloc_dir(self, alloc_id: str) -> Path:
+        return self.root / "allocs" / alloc_id
+
+    def _make_task_dir(self, alloc: Alloc, task: str) -> Path:
+        alloc_dir = self._alloc_dir(alloc.id)
+        # A task name is one path component (Nomad forbids slashes in it).
+        name = task.replace("/", "_").replace("\0", "_")
+        workdir = alloc_dir / ("_" + name if name in ("", ".", "..") else name)
+        (alloc_dir / "alloc").mkdir(parents=True, exist_ok=True)
+        workdir.mkdir(exist_ok=True)
+        self._with_dir.add(alloc.id)
+        return workdir
+
+    def _discard_dir(self, alloc_id: str) -> None:
+        """Move the allocation's directory out of the way and delete it: a
+        process still dying in it cannot write into its successor."""
+        if alloc_id not in self._with_dir:
+            return
+        self._with_dir.discard(alloc_id)
+        root = self._root
+        if root is None:
+            return
+        trash = root / "trash" / uuid.uuid4().hex
+        try:
+            trash.parent.mkdir(exist_ok=True)
+            self._alloc_dir(alloc_id).rename(trash)
+        except OSError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+
+    # -- following the client --------------------------------------------------------
+
+    def on_commit(self, commit: Commit) -> None:
+        for change in commit.changes:
+            if change.table == ALLOCS:
+                self._alloc_changed(change.key, change.after)
+            elif (
+                change.table == NODES
+                and change.after is not None
+                and change.after.status != "ready"
+                and self._runs
+            ):
+                # A node that stopped heartbeating: its containers are gone.
+                on_node = self.sim.store.allocs_by_node.get(change.key, set())
+                for alloc_id in [a for a in self._runs if a in on_node]:
+                    self._stop_run(alloc_id)
+
+    def _run_of(self, alloc: Alloc | None) -> int | None:
+        """StartedAt of the run the allocation's tasks are in, None when they
+        do not run (the simulator's client moves all tasks of a group together)."""
+        if alloc is None or alloc.client_status != RUNNING or not alloc.task_states:
+            return None
+        state = alloc.task_states[0][1]
+        if state.state != RUNNING:
+            return None
+        node = self.sim.store.nodes.get(alloc.node_id)
+        if node is None or node.status != "ready":
+            return None
+        return state.started_at
+
+    def _alloc_changed(self, alloc_id: str, alloc: Alloc | None) -> None:
+        started = self._run_of(alloc)
+        current = self._runs.get(alloc_id)
+        if started == current:
+            return
+        if current is not None:
+            self._stop_run(alloc_id)
+        if started is not None:
+            # A new start is a new container: a fresh file system.
+            self._runs[alloc_id] = started
+            self._discard_dir(alloc_id)
+
+    def _stop_run(self, alloc_id: str) -> None:
+        self._runs.pop(alloc_id, None)
+        self._kill(alloc_id)
+        self._discard_dir(alloc_id)
+
+    def _kill(self, alloc_id: str) -> None:
+        for execution in list(self._executions.get(alloc_id, ())):
+            execution.kill()
+        if alloc_id in self._with_processes:
+            self._with_processes.discard(alloc_id)
+            kill_marked(self.instance, alloc_id)
+
+    def retire(self, execution: Execution) -> None:
+        executions = self._executions.get(execution.alloc_id)
+        if executions is not None:
+            executions.discard(execution)
+            if not executions:
+                del self._executions[execution.alloc_id]
+
+    # -- queries ---------------------------------------------------------------------
+
+    def _task_names(self, alloc: Alloc) -> list[str]:
+        group = group_of(alloc.job, alloc.task_group) or {}
+        return [str(t.get("Name")) for t in group.get("Tasks") or []]
+
+    def task_dir(self, alloc_id: str, task: str | None = None) -> Path | None:
+        """The working directory of the allocation's task (its group's first
+        task by default) while it runs, else None."""
+        alloc = self.sim.store.allocs.get(alloc_id)
+        if alloc is None or alloc_id not in self._runs or self.closed:
+            return None
+        names = self._task_names(alloc)
+        name = task if task is not None else (names[0] if names else None)
+        if name is None or name not in names:
+            return None
+        return self._make_task_dir(alloc, name)
+
+    def processes(self, alloc_id: str) -> list[int]:
+        """Live processes started by the allocation's executions."""
+        return marked_processes(self.instance, alloc_id)
+
+    def executions(self, alloc_id: str) -> list[Execution]:
+        return sorted(self._executions.get(alloc_id, ()), key=lambda e: e.pid)
+
+    # -- executing ---------------------------------------------------------------------
+
+    def exec(
+        self,
+        alloc: Alloc,
+        task: str,
+        command: list[str],
+        tty: bool,
+        allowed: Callable[[str], bool],
+    ) -> Execution:
+        """Nomad's client side of an exec (client/alloc_endpoint.go execImpl),
+        its checks in its order, then the command started."""
+        if not alloc.task_states:
+            # The client has not received the allocation yet: no alloc runner.
+            raise ExecRefused(404, f"Unknown allocation {quote(alloc.id)}")
+        if not task:
+            raise ExecRefused(400, "must provide task name")  # client/fs_endpoint.go
+        if not command:
+            raise ExecRefused(400, "command is not present")
+        group = group_of(alloc.job, alloc.task_group) or {}
+        spec = next((t for t in group.get("Tasks") or [] if t.get("Name") == task), None)
+        if spec is None:
+            # allocRunner.GetTaskDriverCapabilities; it carries no code: 500.
+            raise ExecRefused(500, "task not found")
+        if spec.get("Driver") == "raw_exec" and not allowed("alloc-node-exec"):
+            # A driver without file system isolation needs alloc-node-exec too.
+            raise ExecRefused(500, "Permission denied")
+        state = dict(alloc.task_states).get(task)
+        if state is None:
+            raise ExecRefused(400, f"unknown task name {quote(task)}")
+        if state.started_at == 0:
+            raise ExecRefused(404, f"task {quote(task)} not started yet.")
+        if alloc.id not in self._runs or self.closed:
+            raise ExecRefused(404, f"task {quote(task)} is not running.")
+        workdir = self._make_task_dir(alloc, task)
+        env = self._environment(alloc, spec, workdir)
+        try:
+            execution = self._spawn(alloc.id, command, tty, workdir, env)
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            # As raw_exec's executor plugin answers over gRPC.
+            raise ExecRefused(
+                500,
+                "rpc error: code = Unknown desc = failed to start command: "
+                + _start_error(command[0], exc),
+            ) from None
+        self._executions.setdefault(alloc.id, set()).add(execution)
+        self._with_processes.add(alloc.id)
+        return execution
+
+    def _environment(self, alloc: Alloc, spec: JsonDict, workdir: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        for key, value in (spec.get("Env") or {}).items():
+            env[str(key)] = str(value)
+        resources = spec.get("Resources") or {}
+        node = self.sim.store.nodes.get(alloc.node_id)
+        index = re.search(r"\[(\d+)\]$", alloc.name)
+        env.update(
+            {
+                "NOMAD_ALLOC_DIR": str(self._alloc_dir(alloc.id) / "alloc"),
+                "NOMAD_TASK_DIR": str(workdir),
+                "NOMAD_ALLOC_ID": alloc.id,
+                "NOMAD_SHORT_ALLOC_ID": alloc.id[:8],
+                "NOMAD_ALLOC_NAME": alloc.name,
+                "NOMAD_ALLOC_INDEX": index.group(1) if index else "0",
+                "NOMAD_TASK_NAME": str(spec.get("Name")),
+                "NOMAD_GROUP_NAME": alloc.task_group,
+                "NOMAD_JOB_ID": alloc.job_id,
+                "NOMAD_JOB_NAME": str(alloc.job.get("Name") or alloc.job_id),
+                "NOMAD_NAMESPACE": alloc.namespace,
+                "NOMAD_REGION": str(alloc.job.get("Region") or "global"),
+                "NOMAD_DC": node.datacenter if node is not None else "dc1",
+                "NOMAD_CPU_LIMIT": str(resources.get("CPU") or 0),
+                "NOMAD_MEMORY_LIMIT": str(resources.get("MemoryMB") or 0),
+                MARKER: alloc.id,
+                INSTANCE_MARKER: self.instance,
+            }
+        )
+        return env
+
+    def _spawn(
+        self, alloc_id: str, command: list[str], tty: bool, workdir: Path, env: dict[str, str]
+    ) -> Execution:
+        if tty:
+            master, slave = os.openpty()
+            try:
+                process = subprocess.Popen(
+                    command,
+                    stdin=slave,
+                    stdout=slave,
+                    stderr=slave,
+                    cwd=workdir,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=_take_controlling_tty,
+                )
+            except BaseException:
+                os.close(master)
+                raise
+            finally:
+                os.close(slave)
+            return Execution(self, alloc_id, process, True, master, [("stdout", master)])
+        parent: list[int] = []
+        child: list[int] = []
+        try:
+            for child_reads in (True, False, False):  # stdin, stdout, stderr
+                read_end, write_end = os.pipe()
+                child.append(read_end if child_reads else write_end)
+                parent.append(write_end if child_reads else read_end)
+            process = subprocess.Popen(
+                command,
+                stdin=child[0],
+                stdout=child[1],
+                stderr=child[2],
+                cwd=workdir,
+                env=env,
+                start_new_session=True,
+            )
+        except BaseException:
+            _close_all(parent)
+            raise
+        finally:
+            _close_all(child)
+        stdin, stdout, stderr = parent
+        return Execution(
+            self, alloc_id, process, False, stdin, [("stdout", stdout), ("stderr", stderr)]
+        )
+
+    # -- stopping ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """The simulator stops: kill every process it started, end every
+        execution's stream, remove the directories. Idempotent."""
+        if self.closed:
+            return
+        executions = [e for group in self._executions.values() for e in group]
+        for execution in executions:
+            execution.kill()
+        kill_marked(self.instance)
+        for execution in executions:
+            execution.shutdown()
+        self._executions.clear()
+        self._runs.clear()
+        self._with_processes.clear()
+        self._with_dir.clear()
+        self._remove_root()
+
+    def abandon(self) -> None:
+        """Kill everything from any thread without the event loop (the
+        simulator's thread died, or the interpreter exits)."""
+        if self.closed:
+            return
+        for group in list(self._executions.values()):
+            for execution in list(group):
+                execution.kill()
+        kill_marked(self.instance)
+        self._remove_root()
+
+    def _remove_root(self) -> None:
+        with self._root_lock:
+            self.closed = True
+            root, self._root = self._root, None
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _close_all(fds: Iterable[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _start_error(name: str, exc: BaseException) -> str:
+    """How Go's os/exec words a failed start."""
+    if isinstance(exc, ValueError):  # a NUL byte in an argument or variable
+        return f"fork/exec {name}: invalid argument"
+    if "/" not in name and isinstance(exc, FileNotFoundError | PermissionError):
+        return f"exec: {quote(name)}: executable file not found in $PATH"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"fork/exec {name}: {exc.strerror[:1].lower()}{exc.strerror[1:]}"
+    return str(exc)
+
+
+# Every driver not yet closed: the interpreter's exit kills what they started,
+# whatever happened to the simulator's thread.
+_DRIVERS: weakref.WeakSet[Driver] = weakref.WeakSet()
+
+
+@atexit.register
+def _abandon_all() -> None:
+    for driver in list(_DRIVERS):
+        driver.abandon()
