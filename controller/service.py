@@ -163,8 +163,14 @@ def dev(settings: Settings) -> int:
     sim = SimServer(SimConfig(nodes=3, startup_delay_ms=500.0, stop_delay_ms=200.0))
     sim.start()
     try:
-        # One replica, nothing to elect against.
-        service = build(replace_settings(settings, leader_election=False), sim.address)
+        # One replica, nothing to elect against. The simulator runs commands on
+        # this host, which has no /sbin/setuser: its stand-in takes that place
+        # unless the operator chose a wrapper.
+        changes: dict[str, Any] = {"leader_election": False}
+        if "exec_unprivileged_wrapper" not in settings.model_fields_set:
+            setuser = sim.call(lambda: sim.sim.setuser_path)
+            changes["exec_unprivileged_wrapper"] = f"{shlex.quote(str(setuser))} user"
+        service = build(replace_settings(settings, **changes), sim.address)
 
         def started(api: str) -> None:
             service.controller.put_environment(DEMO_ENVIRONMENT)

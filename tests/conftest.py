@@ -1,10 +1,12 @@
-"""Shared fixtures: an in-process Nomad simulator with millisecond timings."""
+"""Shared fixtures: an in-process Nomad simulator with millisecond timings, and
+a check that the whole session leaves no process of an execution behind."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psutil
 import pytest
 
 from controller.sim import SimConfig, SimServer
@@ -38,3 +40,32 @@ def make_sim() -> Iterator[Callable[..., SimServer]]:
 @pytest.fixture
 def sim(make_sim: Callable[..., SimServer]) -> SimServer:
     return make_sim()
+
+
+# Every process the simulator's exec starts carries the first; every process of
+# one of our executions the second.
+MARKERS = ("NOMADSIM_ALLOC_ID", "NRC_EXECUTION_ID")
+
+
+def marked_processes() -> set[int]:
+    found = set()
+    for process in psutil.process_iter():
+        try:
+            environ = process.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if any(marker in environ for marker in MARKERS) and process.status() != "zombie":
+            found.add(process.pid)
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind() -> Iterator[None]:
+    """Fails the session if a process started by an execution outlives it
+    (processes of another session running at the same time are ignored)."""
+    before = marked_processes()
+    yield
+    left = marked_processes() - before
+    if left:
+        names = [" ".join(psutil.Process(pid).cmdline()) for pid in sorted(left)]
+        pytest.fail(f"processes of executions left behind: {names}")

@@ -15,9 +15,11 @@ speaks the same protocol). The protocol, as Nomad (≤ 1.11) serves it:
   left out when it is 0, as Nomad's encoder omits zero values — and drops the
   connection without a close frame. With `tty` there is no stderr.
 - Errors after the upgrade arrive as close frames with Nomad's text: 1008 for
-  client errors (unknown allocation, task not started or not running,
-  permission denied), 1011 for server errors. A bad `command` or `tty` is an
-  HTTP error before the upgrade.
+  client errors (unknown allocation, task not started or not running, exec
+  not possible on a terminal allocation), 1011 for server errors (Nomad's
+  `Permission denied` carries no status and counts as one). A bad `command`
+  or `tty` is an HTTP 500 before the upgrade. Errors are told apart by their
+  text, which is what Nomad keeps stable.
 
 The exit frame is the only successful end: a connection that ends without it
 is `ExecBroken`, never exit 0 (Poseidon reports such breaks as success, its
@@ -128,7 +130,7 @@ def classify_close(code: int, reason: str) -> ExecError:
         return ExecBroken("the connection to Nomad ended before the command's exit code", code)
     if "unknown allocation" in lowered:
         return UnknownAllocation(text, code)
-    if "not started yet" in lowered or "not running" in lowered:
+    if "not started yet" in lowered or "not running" in lowered or "not possible" in lowered:
         return TaskNotRunning(text, code)
     if "permission denied" in lowered:
         return ExecForbidden(text, code)

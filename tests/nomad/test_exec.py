@@ -174,7 +174,8 @@ async def test_no_exit_frame_is_an_error_never_exit_0(
         (1008, 'Unknown allocation "alloc-1"', UnknownAllocation),
         (1008, 'task "default-task" not started yet.', TaskNotRunning),
         (1008, 'task "default-task" is not running.', TaskNotRunning),
-        (1008, "Permission denied", ExecForbidden),
+        (1011, "Permission denied", ExecForbidden),  # Nomad sends it without a code: 500
+        (1008, "exec not possible, client status of allocation a1 is complete", TaskNotRunning),
         (1008, "must provide task name", ExecRejected),
         (1011, "rpc error: something broke", ExecRejected),
     ],

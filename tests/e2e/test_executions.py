@@ -1,0 +1,371 @@
+"""Executions end to end: a client claims a runner over HTTP, POSTs
+`/execute`, connects to the WebSocket with the token header (as CodeOcean
+does) and reads frames until the server closes — against the simulator, whose
+exec runs the commands for real. Every frame the server sends is checked
+against Poseidon's WebSocket schema."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import requests
+from jsonschema import Draft7Validator
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from controller.model import Environment
+from controller.sim import SimServer
+from tests.helpers import Http, wait_until
+from tests.reference import document
+from tests.support.api_server import TOKEN, ApiServer, sim_settings
+
+ENV = Environment(id=21, image="python:3.12", prewarming_pool_size=2)
+AUTH = {"Poseidon-Token": TOKEN}
+SCHEMA = Draft7Validator(json.loads(document("poseidon-websocket.schema.json").read_text()))
+
+
+@dataclass
+class Run:
+    """What a client saw of one execution."""
+
+    frames: list[dict[str, Any]] = field(default_factory=list)
+    close_code: int | None = None
+    seconds: float = 0.0
+
+    @property
+    def stdout(self) -> str:
+        return "".join(f["data"] for f in self.frames if f["type"] == "stdout")
+
+    @property
+    def stderr(self) -> str:
+        return "".join(f["data"] for f in self.frames if f["type"] == "stderr")
+
+    @property
+    def last(self) -> dict[str, Any]:
+        return self.frames[-1]
+
+
+@dataclass
+class World:
+    sim: SimServer
+    api: ApiServer
+
+    def url(self, path: str) -> str:
+        return f"{self.api.url}/api/v1{path}"
+
+    def claim(self, timeout_s: int = 0) -> str:
+        body = {"executionEnvironmentId": ENV.id, "inactivityTimeout": timeout_s}
+
+        def claimed() -> str | None:
+            r = requests.post(self.url("/runners"), json=body, headers=AUTH, timeout=10)
+            return str(r.json()["runnerId"]) if r.status_code == 200 else None
+
+        runner = wait_until(claimed, timeout=10, interval=0.05)
+        assert runner is not None
+        return runner
+
+    def execute(self, runner: str, command: str, **extra: Any) -> str:
+        r = requests.post(
+            self.url(f"/runners/{runner}/execute"),
+            json={"command": command, **extra},
+            headers=AUTH,
+            timeout=10,
+        )
+        assert r.status_code == 200, r.text
+        return str(r.json()["websocketUrl"])
+
+    def connect(self, ws_url: str, headers: dict[str, str] | None = None) -> ClientConnection:
+        return connect(ws_url, additional_headers=AUTH if headers is None else headers)
+
+    def run(self, runner: str, command: str, stdin: tuple[str, ...] = (), **extra: Any) -> Run:
+        ws_url = self.execute(runner, command, **extra)
+        started = time.monotonic()
+        with self.connect(ws_url) as ws:
+            for text in stdin:
+                ws.send(text)
+            return read_all(ws, started)
+
+    def alloc_of(self, runner: str) -> dict[str, Any]:
+        (alloc,) = Http(self.sim.address).running(runner)
+        return alloc
+
+    def processes(self, alloc_id: str) -> list[int]:
+        return self.sim.call(lambda: self.sim.sim.exec_processes(alloc_id))
+
+    def runner_status(self, runner: str) -> tuple[int, str]:
+        r = requests.get(self.url(f"/runners/{runner}"), headers=AUTH, timeout=10)
+        return r.status_code, r.json().get("message", "")
+
+
+def read_all(
+    ws: ClientConnection, started: float, timeout: float = 20.0, start_read: bool = False
+) -> Run:
+    """Frames until the server closes; `start_read`: the caller took `start` already."""
+    run = Run(frames=[{"type": "start"}] if start_read else [])
+    try:
+        while True:
+            raw = ws.recv(timeout=timeout)
+            frame = json.loads(raw)
+            errors = [e.message for e in SCHEMA.iter_errors(frame)]
+            assert not errors, (frame, errors)
+            run.frames.append(frame)
+    except ConnectionClosed as closed:
+        run.close_code = closed.rcvd.code if closed.rcvd else None
+    run.seconds = time.monotonic() - started
+    assert run.frames and run.frames[0] == {"type": "start"}
+    return run
+
+
+@pytest.fixture
+def world(make_sim: Any) -> Iterator[World]:
+    sim = make_sim(nodes=2)
+    api = ApiServer(sim_settings(sim)).start()
+    try:
+        api.controller.put_environment(ENV)
+        yield World(sim, api)
+    finally:
+        api.stop()
+
+
+def test_echo(world: World) -> None:
+    runner = world.claim()
+    run = world.run(runner, "echo hi")
+    assert run.frames == [
+        {"type": "start"},
+        {"type": "stdout", "data": "hi\r\n"},
+        {"type": "exit", "data": 0},
+    ]
+    assert run.close_code == 1000
+
+
+@pytest.mark.parametrize("code", [0, 1, 137, 255])
+def test_exit_codes(world: World, code: int) -> None:
+    run = world.run(world.claim(), f"exit {code}")
+    assert run.last == {"type": "exit", "data": code}
+
+
+def test_stdin_reaches_the_program_and_the_terminal_echoes_it(world: World) -> None:
+    run = world.run(world.claim(), "head -n 1", stdin=("Hello World!\n",))
+    assert run.stdout == "Hello World!\r\nHello World!\r\n"
+    assert run.last == {"type": "exit", "data": 0}
+
+
+def test_the_program_sees_a_terminal_and_stderr_arrives_apart(world: World) -> None:
+    command = "test -t 0 && test -t 1 && echo tty; echo oops >&2; echo out"
+    run = world.run(world.claim(), command)
+    assert run.stdout == "tty\r\nout\r\n"
+    assert run.stderr == "oops\n"
+    assert run.last == {"type": "exit", "data": 0}
+
+
+def test_stderr_merged_when_configured(make_sim: Any) -> None:
+    sim = make_sim()
+    api = ApiServer(sim_settings(sim, NRC_EXEC_SEPARATE_STDERR="false")).start()
+    try:
+        api.controller.put_environment(ENV)
+        w = World(sim, api)
+        run = w.run(w.claim(), "echo oops >&2; echo out")
+        assert (run.stdout, run.stderr) == ("oops\r\nout\r\n", "")
+    finally:
+        api.stop()
+
+
+def test_environment_values_with_spaces_and_quotes(world: World) -> None:
+    value = 'it\'s "quoted" and  spaced $HOME `x`'
+    run = world.run(world.claim(), 'printf "%s|%s" "$V" "$CODEOCEAN"', environment={"V": value})
+    assert run.stdout == f"{value}|true"
+
+
+def test_nomad_variables_are_hidden_and_unprivileged_runs_through_the_wrapper(world: World) -> None:
+    run = world.run(world.claim(), 'echo "${NOMAD_ALLOC_ID-hidden}"')
+    assert run.stdout == "hidden\r\n"
+
+
+def test_time_limit_ends_the_whole_process_tree(world: World) -> None:
+    runner = world.claim()
+    alloc = world.alloc_of(runner)["ID"]
+    run = world.run(runner, "sleep 60 & (sleep 61 &); sleep 62", timeLimit=1)
+    assert run.last == {"type": "timeout"}
+    assert run.close_code == 1000
+    assert 0.9 < run.seconds < 2.5, run.seconds
+    wait_until(lambda: not world.processes(alloc), timeout=3.5, interval=0.05)
+    assert world.runner_status(runner)[0] == 200, "the runner is still the client's"
+
+
+def test_a_client_that_leaves_leaves_no_process(world: World) -> None:
+    runner = world.claim()
+    alloc = world.alloc_of(runner)["ID"]
+    ws_url = world.execute(runner, "sleep 60 & sleep 61")
+    with world.connect(ws_url) as ws:
+        assert json.loads(ws.recv(timeout=5)) == {"type": "start"}
+        wait_until(lambda: len(world.processes(alloc)) >= 2, timeout=5)
+    wait_until(lambda: not world.processes(alloc), timeout=3.5, interval=0.05)
+    assert world.runner_status(runner)[0] == 200
+
+
+def test_an_oom_kill_during_an_execution(world: World) -> None:
+    runner = world.claim()
+    alloc = world.alloc_of(runner)["ID"]
+    ws_url = world.execute(runner, "echo started; sleep 60")
+    with world.connect(ws_url) as ws:
+        started = time.monotonic()
+        assert json.loads(ws.recv(timeout=5)) == {"type": "start"}
+        assert json.loads(ws.recv(timeout=5))["data"] == "started\r\n"
+        Http(world.sim.address).request("POST", f"/_sim/allocation/{alloc}/oom")
+        run = read_all(ws, started, start_read=True)
+    assert run.last == {"type": "error", "data": "the allocation was OOM Killed"}
+    status, message = world.runner_status(runner)
+    assert status == 410 and "oom_killed" in message
+
+
+def test_a_drain_during_an_execution(world: World) -> None:
+    runner = world.claim()
+    alloc = world.alloc_of(runner)
+    ws_url = world.execute(runner, "echo started; sleep 60")
+    with world.connect(ws_url) as ws:
+        started = time.monotonic()
+        assert json.loads(ws.recv(timeout=5)) == {"type": "start"}
+        assert json.loads(ws.recv(timeout=5))["data"] == "started\r\n"
+        Http(world.sim.address).request(
+            "PUT",
+            f"/v1/node/{alloc['NodeID']}/drain",
+            # a forced drain: batch allocations (runners) migrate at once
+            json={"DrainSpec": {"Deadline": -1}},
+        ).raise_for_status()
+        run = read_all(ws, started, start_read=True)
+    assert run.last["type"] == "error"
+    assert "migrated" in run.last["data"]
+    status, message = world.runner_status(runner)
+    assert status == 410 and "migrated" in message
+
+
+def test_the_upgrade_needs_the_token(world: World) -> None:
+    runner = world.claim()
+    ws_url = world.execute(runner, "echo hi")
+    for headers in ({}, {"Poseidon-Token": "wrong"}):
+        with pytest.raises(InvalidStatus) as refused:
+            world.connect(ws_url, headers=headers)
+        assert refused.value.response.status_code == 401
+    # the id was not used up by the refused attempts
+    with world.connect(ws_url, headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+        assert read_all(ws, time.monotonic()).last == {"type": "exit", "data": 0}
+
+
+def test_unknown_used_and_foreign_execution_ids(world: World) -> None:
+    runner, other = world.claim(), world.claim()
+    ws_url = world.execute(runner, "true")
+    with pytest.raises(InvalidStatus) as refused:
+        world.connect(ws_url.replace(f"/runners/{runner}/", f"/runners/{other}/"))
+    assert refused.value.response.status_code == 404
+    with world.connect(ws_url) as ws:
+        read_all(ws, time.monotonic())
+    with pytest.raises(InvalidStatus) as refused:
+        world.connect(ws_url)
+    assert refused.value.response.status_code == 404
+    body = json.loads(refused.value.response.body or b"{}")
+    assert "execution id" in body["message"]
+    with pytest.raises(InvalidStatus) as refused:
+        world.connect(ws_url.split("?")[0] + "?executionID=nope")
+    assert refused.value.response.status_code == 404
+
+
+def test_released_and_unknown_runners_are_gone(world: World) -> None:
+    runner = world.claim()
+    ws_url = world.execute(runner, "true")
+    assert requests.delete(world.url(f"/runners/{runner}"), headers=AUTH, timeout=10).ok
+    with pytest.raises(InvalidStatus) as refused:
+        world.connect(ws_url)
+    assert refused.value.response.status_code == 410
+    r = requests.post(
+        world.url(f"/runners/{runner}/execute"), json={"command": "true"}, headers=AUTH, timeout=5
+    )
+    assert r.status_code == 410
+
+
+@pytest.mark.parametrize(
+    ("body", "field_name"),
+    [
+        ({}, "command"),
+        ({"command": 5}, "command"),
+        ({"command": "x", "timeLimit": -1}, "timeLimit"),
+        ({"command": "x", "environment": {"1A": "x"}}, "environment"),
+        ({"command": "a\u0000b"}, "command"),
+        ({"command": "x", "privilegedExecution": "yes"}, "privilegedExecution"),
+    ],
+)
+def test_bad_execute_bodies(world: World, body: dict[str, Any], field_name: str) -> None:
+    runner = world.claim()
+    r = requests.post(world.url(f"/runners/{runner}/execute"), json=body, headers=AUTH, timeout=5)
+    assert r.status_code == 400
+    assert field_name in r.json()["message"]
+
+
+def test_several_executions_on_one_runner_at_once(world: World) -> None:
+    runner = world.claim()
+    urls = [world.execute(runner, f"sleep 0.3; echo {n}") for n in range(4)]
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(world.connect(u)) for u in urls]
+        runs = [read_all(ws, time.monotonic()) for ws in sockets]
+    assert [r.stdout for r in runs] == [f"{n}\r\n" for n in range(4)]
+    assert max(r.seconds for r in runs) < 2.0
+
+
+def test_a_long_execution_keeps_the_runner_from_expiring(world: World) -> None:
+    runner = world.claim(timeout_s=1)
+    run = world.run(runner, "sleep 2.5; echo done")
+    assert run.stdout == "done\r\n"
+    assert world.runner_status(runner)[0] == 200
+
+
+def test_unused_execution_ids_expire(make_sim: Any) -> None:
+    sim = make_sim()
+    api = ApiServer(sim_settings(sim, NRC_EXECUTION_ID_TTL="0.2")).start()
+    try:
+        api.controller.put_environment(ENV)
+        w = World(sim, api)
+        ws_url = w.execute(w.claim(), "true")
+        time.sleep(0.3)  # the expiry itself is what is tested
+        with pytest.raises(InvalidStatus) as refused:
+            w.connect(ws_url)
+        assert refused.value.response.status_code == 404
+    finally:
+        api.stop()
+
+
+def test_websocket_url_behind_a_trusted_proxy(make_sim: Any) -> None:
+    sim = make_sim()
+    api = ApiServer(sim_settings(sim, NRC_API_TRUST_PROXY_HEADERS="true")).start()
+    try:
+        api.controller.put_environment(ENV)
+        w = World(sim, api)
+        runner = w.claim()
+        headers = {**AUTH, "X-Forwarded-Proto": "https", "X-Forwarded-Host": "ide.example"}
+        r = requests.post(
+            w.url(f"/runners/{runner}/execute"),
+            json={"command": "true"},
+            headers=headers,
+            timeout=5,
+        )
+        assert r.json()["websocketUrl"].startswith(
+            f"wss://ide.example/api/v1/runners/{runner}/websocket?executionID="
+        )
+    finally:
+        api.stop()
+
+
+def test_forwarded_headers_are_ignored_unless_trusted(world: World) -> None:
+    runner = world.claim()
+    headers = {**AUTH, "X-Forwarded-Proto": "https", "X-Forwarded-Host": "evil.example"}
+    r = requests.post(
+        world.url(f"/runners/{runner}/execute"),
+        json={"command": "true"},
+        headers=headers,
+        timeout=5,
+    )
+    assert r.json()["websocketUrl"].startswith(f"ws://127.0.0.1:{world.api.port}/api/v1/")
