@@ -19,7 +19,11 @@ namespace "runners" {
   # submit-job: register template and runner jobs, write claims into their
   #            meta (a register with EnforceIndex), deregister (stop and
   #            purge) runners.
-  capabilities = ["list-jobs", "read-job", "submit-job"]
+  # alloc-exec: executions (/execute, /websocket) run commands in claimed
+  #            runners through Nomad's allocation exec. Runners on a driver
+  #            without file-system isolation (raw_exec) also need
+  #            alloc-node-exec; Poseidon's docker runners do not.
+  capabilities = ["list-jobs", "read-job", "submit-job", "alloc-exec"]
 
   # Leader election: the lock on NRC_LEADER_LOCK_PATH. Acquiring creates the
   # variable; renewing and releasing write it.
