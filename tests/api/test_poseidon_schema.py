@@ -30,6 +30,7 @@ from fastapi.testclient import TestClient
 from openapi_schema_validator import OAS30Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT4
+from starlette.testclient import WebSocketDenialResponse
 
 from controller.api import create_app
 from tests.api.conftest import API, TOKEN, Api, environment_body
@@ -53,6 +54,10 @@ DEVIATIONS: dict[tuple[str, str], set[str]] = {
     ("GET", ENV): {"500"},
     # Poseidon requires the token here too (`security`) but lists no 401
     ("GET", "/statistics/execution-environments"): {"401"},
+    # /execute answers 503 NOT_LEADER too; the WebSocket's handshake route also
+    # answers a plain GET (no upgrade) with 426, and 503 from a follower
+    ("POST", RUNNER + "/execute"): {"503"},
+    ("GET", RUNNER + "/websocket"): {"426", "503"},
 }
 # Any operation: 413 for a body over 1 MiB, and the catch-all's 500 UNKNOWN (a code
 # Poseidon documents) where Poseidon lists no 500.
@@ -111,10 +116,12 @@ class PoseidonChecker:
         return self.resolve(target)
 
     def check(self, response: httpx.Response) -> None:
-        request = response.request
-        template = match_template(self.doc, poseidon_path(request.url.path))
-        assert template is not None, request.url
-        method = request.method
+        self.check_answer(response.request.method, response.request.url.path, response)
+
+    def check_answer(self, method: str, path: str, response: httpx.Response) -> None:
+        """`response` answered `method path` (a WebSocket refusal has no request)."""
+        template = match_template(self.doc, poseidon_path(path))
+        assert template is not None, path
         operation = self.doc["paths"][template][method.lower()]
         status = str(response.status_code)
         self.seen.add((method, template, response.status_code))
@@ -188,6 +195,28 @@ def test_shared_routes_answer_as_poseidon_documents(
     r = client.post(runners, json={"executionEnvironmentId": empty})
     assert (r.status_code, r.json()["errorCode"]) == (500, "NOMAD_OVERLOAD")
     assert client.get(f"{API}/statistics/execution-environments").status_code == 200
+    # executions: the route and the WebSocket's refusals before the upgrade
+    execute = f"{runners}/{runner}/execute"
+    r = client.post(execute, json={"command": "python exercise.py", "timeLimit": 5})
+    assert r.status_code == 200 and "executionID=" in r.json()["websocketUrl"]
+    assert client.post(execute, json={"command": 1}).status_code == 400
+    assert (
+        client.post(f"{runners}/{uuid.uuid4()}/execute", json={"command": "x"}).status_code == 410
+    )
+    assert secured.post(execute, json={"command": "x"}).status_code == 401
+    websocket = f"{runners}/{runner}/websocket"
+    for socket_client, path, status in (
+        (secured, f"{websocket}?executionID=x", 401),
+        (client, f"{websocket}?executionID=unknown", 404),
+        (client, f"{runners}/{uuid.uuid4()}/websocket?executionID=x", 410),
+    ):
+        with (
+            pytest.raises(WebSocketDenialResponse) as refused,
+            socket_client.websocket_connect(path),
+        ):
+            pass
+        assert refused.value.status_code == status
+        checker.check_answer("GET", path.split("?")[0], refused.value)
     assert client.delete(f"{runners}/{runner}").status_code == 204
     assert client.delete(f"{runners}/{runner}").status_code == 410
     assert client.delete(f"{runners}/{uuid.uuid4()}").status_code == 410
@@ -213,7 +242,7 @@ def test_shared_routes_answer_as_poseidon_documents(
         (m.upper(), t)
         for t, item in checker.doc["paths"].items()
         for m in METHODS
-        if m in item and not t.startswith("/runners/{runnerId}/")
+        if m in item and not t.startswith("/runners/{runnerId}/files")
     }
     assert exercised == shared
 
@@ -222,8 +251,8 @@ def test_our_description_stays_within_poseidon_plus_listed_deviations(api: Api) 
     ours = api.app.openapi()
     theirs = poseidon_document()
     for path, item in theirs["paths"].items():
-        if path.startswith("/runners/{runnerId}/"):
-            continue  # execution and files are not part of this API
+        if path.startswith("/runners/{runnerId}/files"):
+            continue  # files are not part of this API yet
         for method in METHODS:
             if method not in item:
                 continue
