@@ -2,7 +2,7 @@
 write bench/results/<name>.json for each and print the table.
 
 Names: claims, convergence, event_to_ready, pass_cost, steady_load (which also
-writes memory). A benchmark that breaks is reported and the others still run;
+writes memory), executions. A benchmark that breaks is reported and the others still run;
 the exit status is 0 unless one could not run at all (targets missed are
 reported, never a failure).
 """
@@ -15,7 +15,14 @@ import time
 import traceback
 from collections.abc import Callable
 
-from bench import b1_claims, b2_convergence, b3_event_to_ready, b4_pass_cost, b5_steady
+from bench import (
+    b1_claims,
+    b2_convergence,
+    b3_event_to_ready,
+    b4_pass_cost,
+    b5_steady,
+    b6_executions,
+)
 from bench.common import Result, machine, render_table, write_result
 
 BENCHMARKS: dict[str, Callable[[bool], list[Result]]] = {
@@ -24,6 +31,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[Result]]] = {
     "event_to_ready": lambda quick: [b3_event_to_ready.run(quick)],
     "pass_cost": lambda quick: [b4_pass_cost.run(quick)],
     "steady_load": b5_steady.run,  # steady_load and memory
+    "executions": lambda quick: [b6_executions.run(quick)],
 }
 
 

@@ -82,6 +82,8 @@ def bench_routes(sim: Simulator) -> list[Route]:
                 "allocs": len(sim.store.allocs),
                 "running": sum(1 for a in allocs if a.client_status == "running"),
                 "requests": sim.requests,
+                # the stand-in for /sbin/setuser that executions are wrapped in
+                "setuser": sim.setuser_path,
             }
         )
 

@@ -3,15 +3,15 @@
 Poseidon's images (and so CodeOcean's) expect a command to be wrapped in
 layers, innermost first:
 
-1. `env CODEOCEAN=true K=V … /bin/bash -c <command>`: the request's
+1. `export CODEOCEAN=true K=V …; exec /bin/bash -c <command>`: the request's
    environment on top of the task's. Every word is quoted for the shell, so
    any command and any value works (Poseidon refuses `'` in commands and
    breaks on values with spaces; we do neither).
 2. With separate stderr (the default): the command's stderr goes to a FIFO
    that a second exec reads (below), so a program that sees a terminal on
    stdin/stdout still has its stderr delivered as `stderr` frames. The
-   command's shell creates the FIFO, opens it for writing (which waits for the
-   reader), unlinks it and runs the command.
+   command's shell creates the FIFO and opens it for writing (which waits for
+   the reader); the reader unlinks it once both ends are open.
 3. Unless the execution is privileged: the unprivileged wrapper, by default
    Poseidon's `/sbin/setuser user` (phusion baseimage), as a setting.
 4. `export NRC_EXECUTION_ID=<id>; unset ${!NOMAD_@}; …` in `/bin/bash -c`:
@@ -68,8 +68,10 @@ def _bash(script: str) -> str:
 
 
 def _with_environment(request: ExecutionRequest) -> str:
+    # `export` in the wrapping shell, not env(1): one program start less per run.
     assignments = [f"{k}={v}" for k, v in {"CODEOCEAN": "true", **request.environment}.items()]
-    return shlex.join(["env", *assignments, "/bin/bash", "-c", request.command])
+    command = shlex.join(["/bin/bash", "-c", request.command])
+    return f"export {shlex.join(assignments)}; exec {command}"
 
 
 def _outer(execution_id: str, inner: str, privileged: bool, settings: ExecSettings) -> list[str]:
@@ -79,7 +81,7 @@ def _outer(execution_id: str, inner: str, privileged: bool, settings: ExecSettin
         else (f"{shlex.join(settings.unprivileged_wrapper)} {inner}")
     )
     marker = shlex.quote(f"{MARKER}={execution_id}")
-    return ["/bin/bash", "-c", f"export {marker}; unset ${{!NOMAD_@}}; {wrapped}"]
+    return ["/bin/bash", "-c", f"export {marker}; unset ${{!NOMAD_@}}; exec {wrapped}"]
 
 
 def main_command(execution_id: str, request: ExecutionRequest, settings: ExecSettings) -> list[str]:
@@ -87,7 +89,8 @@ def main_command(execution_id: str, request: ExecutionRequest, settings: ExecSet
     command = _with_environment(request)
     if settings.separate_stderr:
         fifo = shlex.quote(fifo_path(execution_id))
-        command = f"mkfifo -m 600 {fifo} || exit 125; exec 2>{fifo}; rm -f {fifo}; exec {command}"
+        # The reader unlinks the FIFO once both ends are open (off this path).
+        command = f"mkfifo -m 600 {fifo} || exit 125; exec 2>{fifo}; {command}"
     return _outer(execution_id, _bash(command), request.privileged, settings)
 
 
@@ -98,7 +101,8 @@ def stderr_command(
     fifo = shlex.quote(fifo_path(execution_id))
     reader = (
         f"i=0; while [ ! -p {fifo} ]; do i=$((i+1)); "
-        f"[ $i -ge {FIFO_WAIT_STEPS} ] && exit 0; sleep 0.01; done; exec cat {fifo}"
+        f"[ $i -ge {FIFO_WAIT_STEPS} ] && exit 0; sleep 0.01; done; "
+        f"exec 3<{fifo}; rm -f {fifo}; exec cat <&3"
     )
     return _outer(execution_id, _bash(reader), request.privileged, settings)
 
