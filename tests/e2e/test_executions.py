@@ -122,15 +122,22 @@ def read_all(
     return run
 
 
-@pytest.fixture
-def world(make_sim: Any) -> Iterator[World]:
+@contextlib.contextmanager
+def world_with(make_sim: Any, **environ: str) -> Iterator[World]:
+    """A simulator of two nodes and the service against it, with `environ` set."""
     sim = make_sim(nodes=2)
-    api = ApiServer(sim_settings(sim)).start()
+    api = ApiServer(sim_settings(sim, **environ)).start()
     try:
         api.controller.put_environment(ENV)
         yield World(sim, api)
     finally:
         api.stop()
+
+
+@pytest.fixture
+def world(make_sim: Any) -> Iterator[World]:
+    with world_with(make_sim) as w:
+        yield w
 
 
 def test_echo(world: World) -> None:
@@ -165,15 +172,9 @@ def test_the_program_sees_a_terminal_and_stderr_arrives_apart(world: World) -> N
 
 
 def test_stderr_merged_when_configured(make_sim: Any) -> None:
-    sim = make_sim()
-    api = ApiServer(sim_settings(sim, NRC_EXEC_SEPARATE_STDERR="false")).start()
-    try:
-        api.controller.put_environment(ENV)
-        w = World(sim, api)
+    with world_with(make_sim, NRC_EXEC_SEPARATE_STDERR="false") as w:
         run = w.run(w.claim(), "echo oops >&2; echo out")
         assert (run.stdout, run.stderr) == ("oops\r\nout\r\n", "")
-    finally:
-        api.stop()
 
 
 def test_environment_values_with_spaces_and_quotes(world: World) -> None:
@@ -324,26 +325,16 @@ def test_a_long_execution_keeps_the_runner_from_expiring(world: World) -> None:
 
 
 def test_unused_execution_ids_expire(make_sim: Any) -> None:
-    sim = make_sim()
-    api = ApiServer(sim_settings(sim, NRC_EXECUTION_ID_TTL="0.2")).start()
-    try:
-        api.controller.put_environment(ENV)
-        w = World(sim, api)
+    with world_with(make_sim, NRC_EXECUTION_ID_TTL="0.2") as w:
         ws_url = w.execute(w.claim(), "true")
         time.sleep(0.3)  # the expiry itself is what is tested
         with pytest.raises(InvalidStatus) as refused:
             w.connect(ws_url)
         assert refused.value.response.status_code == 404
-    finally:
-        api.stop()
 
 
 def test_websocket_url_behind_a_trusted_proxy(make_sim: Any) -> None:
-    sim = make_sim()
-    api = ApiServer(sim_settings(sim, NRC_API_TRUST_PROXY_HEADERS="true")).start()
-    try:
-        api.controller.put_environment(ENV)
-        w = World(sim, api)
+    with world_with(make_sim, NRC_API_TRUST_PROXY_HEADERS="true") as w:
         runner = w.claim()
         headers = {**AUTH, "X-Forwarded-Proto": "https", "X-Forwarded-Host": "ide.example"}
         r = requests.post(
@@ -355,8 +346,6 @@ def test_websocket_url_behind_a_trusted_proxy(make_sim: Any) -> None:
         assert r.json()["websocketUrl"].startswith(
             f"wss://ide.example/api/v1/runners/{runner}/websocket?executionID="
         )
-    finally:
-        api.stop()
 
 
 def test_forwarded_headers_are_ignored_unless_trusted(world: World) -> None:
