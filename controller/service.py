@@ -209,6 +209,10 @@ def dev_banner(api: str, nomad: str, token: str | None) -> str:
             f"RUNNER_ID=$(curl -s -X POST {auth}{json_header}-d {shlex.quote(claim)} "
             f"{api}/api/v1/runners | python3 -c 'import json,sys; print(json.load(sys.stdin)"
             '["runnerId"])\'); echo $RUNNER_ID',
+            "# run a command in it: connect to the websocketUrl this answers, e.g. with",
+            "# .venv/bin/python -m websockets <websocketUrl>",
+            f'curl -s -X POST {auth}{json_header}-d \'{{"command": "echo hello"}}\' '
+            f'{api}/api/v1/runners/"$RUNNER_ID"/execute',
             "# release it",
             f'curl -s -X DELETE {auth}{api}/api/v1/runners/"$RUNNER_ID"',
             "",

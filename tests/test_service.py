@@ -3,6 +3,7 @@ subprocesses, real HTTP."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 import requests
+from websockets.sync.client import connect
 
 from controller.sim import SimServer
 from tests.helpers import wait_until
@@ -115,6 +117,14 @@ def test_dev_serves_a_demo_pool_and_stops_cleanly(processes: list[Process]) -> N
         return str(r.json()["runnerId"]) if r.status_code == 200 else None
 
     runner = wait_until(claim, timeout=20, interval=0.1)
+    # an execution runs for real (the simulator's setuser stands in for /sbin/setuser)
+    dev.wait_for(r"^curl -s -X POST .*/execute")
+    r = requests.post(
+        f"{api}/api/v1/runners/{runner}/execute", json={"command": "echo hello"}, timeout=5
+    )
+    with connect(r.json()["websocketUrl"]) as ws:
+        frames = [json.loads(raw) for raw in ws]
+    assert frames[1:] == [{"type": "stdout", "data": "hello\r\n"}, {"type": "exit", "data": 0}]
     assert requests.delete(f"{api}/api/v1/runners/{runner}", timeout=5).status_code == 204
     assert "nrc_claims_total" in requests.get(f"{api}/metrics", timeout=5).text
     assert dev.stop(signal.SIGINT) == 0
