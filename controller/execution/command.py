@@ -9,9 +9,9 @@ layers, innermost first:
    breaks on values with spaces; we do neither).
 2. With separate stderr (the default): the command's stderr goes to a FIFO
    that a second exec reads (below), so a program that sees a terminal on
-   stdin/stdout still has its stderr delivered as `stderr` frames. The
-   command's shell creates the FIFO and opens it for writing (which waits for
-   the reader); the reader unlinks it once both ends are open.
+   stdin/stdout still has its stderr delivered as `stderr` frames. Whichever
+   of the two shells comes first creates the FIFO; each opening waits for the
+   other side (no polling), and the reader unlinks it once both are open.
 3. Unless the execution is privileged: the unprivileged wrapper, by default
    Poseidon's `/sbin/setuser user` (phusion baseimage), as a setting.
 4. `export NRC_EXECUTION_ID=<id>; unset ${!NOMAD_@}; …` in `/bin/bash -c`:
@@ -35,9 +35,6 @@ from dataclasses import dataclass, field
 MARKER = "NRC_EXECUTION_ID"
 # Poseidon's pattern for environment variable names, loosened to one character.
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# How long the stderr reader waits for the command's FIFO (0.01 s steps):
-# if the main exec never starts, the reader must not wait for ever.
-FIFO_WAIT_STEPS = 500
 
 
 @dataclass(frozen=True)
@@ -89,8 +86,9 @@ def main_command(execution_id: str, request: ExecutionRequest, settings: ExecSet
     command = _with_environment(request)
     if settings.separate_stderr:
         fifo = shlex.quote(fifo_path(execution_id))
-        # The reader unlinks the FIFO once both ends are open (off this path).
-        command = f"mkfifo -m 600 {fifo} || exit 125; exec 2>{fifo}; {command}"
+        # Whichever side comes first makes the FIFO; opening it waits for the
+        # other side; the reader unlinks it once both ends are open.
+        command = f"mkfifo -m 600 {fifo} 2>/dev/null; exec 2>{fifo}; {command}"
     return _outer(execution_id, _bash(command), request.privileged, settings)
 
 
@@ -99,11 +97,9 @@ def stderr_command(
 ) -> list[str]:
     """The argv of the exec that reads the command's stderr (run without a TTY)."""
     fifo = shlex.quote(fifo_path(execution_id))
-    reader = (
-        f"i=0; while [ ! -p {fifo} ]; do i=$((i+1)); "
-        f"[ $i -ge {FIFO_WAIT_STEPS} ] && exit 0; sleep 0.01; done; "
-        f"exec 3<{fifo}; rm -f {fifo}; exec cat <&3"
-    )
+    # No polling: it waits in open(2) for the command's side (and is ended with
+    # the execution's processes if that side never comes).
+    reader = f"mkfifo -m 600 {fifo} 2>/dev/null; exec 3<{fifo}; rm -f {fifo}; exec cat <&3"
     return _outer(execution_id, _bash(reader), request.privileged, settings)
 
 

@@ -84,12 +84,35 @@ def test_stderr_goes_through_the_fifo_to_the_reader(tmp_path: Path) -> None:
     assert not Path(f"/tmp/nrc-{execution}.stderr").exists(), "the FIFO is removed"
 
 
-def test_the_reader_gives_up_when_the_command_never_starts() -> None:
+def test_the_reader_may_come_first_or_last() -> None:
     settings = ExecSettings(unprivileged_wrapper=(), separate_stderr=True)
-    argv = stderr_command("never", ExecutionRequest("true"), settings)
-    fast = [argv[0], argv[1], argv[2].replace("-ge 500", "-ge 5")]
-    assert fast != argv
-    assert run(fast).returncode == 0
+    request = ExecutionRequest("echo err >&2")
+    for reader_first in (True, False):
+        execution = f"order{reader_first}{os.getpid()}"
+        reader_argv = stderr_command(execution, request, settings)
+        main_argv = main_command(execution, request, settings)
+        if reader_first:
+            reader = subprocess.Popen(reader_argv, stdout=subprocess.PIPE)
+            main = subprocess.Popen(main_argv)
+        else:
+            main = subprocess.Popen(main_argv)
+            reader = subprocess.Popen(reader_argv, stdout=subprocess.PIPE)
+        stderr, _ = reader.communicate(timeout=10)
+        assert (main.wait(timeout=10), stderr) == (0, b"err\n")
+
+
+def test_a_reader_whose_command_never_comes_is_ended_by_the_kill_command() -> None:
+    settings = ExecSettings(unprivileged_wrapper=(), separate_stderr=True)
+    execution = f"lonely{os.getpid()}"
+    reader = subprocess.Popen(stderr_command(execution, ExecutionRequest("true"), settings))
+    try:
+        wait_until(lambda: Path(f"/tmp/nrc-{execution}.stderr").exists(), timeout=5)
+        assert reader.poll() is None, "it waits for the command's side"
+        assert run(kill_command(execution)).returncode == 0
+        assert reader.wait(timeout=5) == -9
+    finally:
+        reader.kill()
+        Path(f"/tmp/nrc-{execution}.stderr").unlink(missing_ok=True)
 
 
 def test_kill_command_ends_every_marked_process_and_nothing_else() -> None:
