@@ -280,3 +280,52 @@ def test_utf8_streams_keep_split_characters_whole() -> None:
     assert streams.decode("stdout", euro[1:]) == "€"
     assert streams.decode("stdout", euro[:2]) == ""
     assert streams.flush("stdout") == "\ufffd"
+
+
+# -- TLS, from the same NOMAD_* settings as the rest of the gateway -----------------------
+
+
+@pytest.fixture
+async def tls_nomad(tmp_path: Any) -> AsyncIterator[tuple[str, Any, str]]:
+    """A scripted Nomad on wss:// with a certificate of a throw-away CA that
+    also demands a client certificate (mutual TLS)."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ssl)
+    ca.configure_trust(server_ssl)
+    server_ssl.verify_mode = ssl.CERT_REQUIRED
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    client = ca.issue_cert("nomad-runner-controller")
+    cert_file, key_file = tmp_path / "client.pem", tmp_path / "client-key.pem"
+    client.cert_chain_pems[0].write_to_path(str(cert_file))
+    client.private_key_pem.write_to_path(str(key_file))
+    fake = Nomad()
+    async with serve(fake.handler, "127.0.0.1", 0, ssl=server_ssl) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        yield f"https://127.0.0.1:{port}", (str(cert_file), str(key_file)), str(ca_file)
+
+
+@pytest.mark.anyio
+async def test_mutual_tls_with_the_nomad_ca(tls_nomad: tuple[str, Any, str]) -> None:
+    address, (cert, key), ca = tls_nomad
+    client = ExecClient(address=address, ca_cert=ca, client_cert=cert, client_key=key)
+    assert client.url("a", "t", ["true"], False).startswith("wss://127.0.0.1:")
+    assert await collect(client) == [Exited(0)]
+    unverified = ExecClient(address=address, client_cert=cert, client_key=key, verify=False)
+    assert await collect(unverified) == [Exited(0)]  # NOMAD_SKIP_VERIFY
+
+
+@pytest.mark.anyio
+async def test_tls_refuses_an_unknown_ca_and_a_missing_client_certificate(
+    tls_nomad: tuple[str, Any, str],
+) -> None:
+    address, (cert, key), ca = tls_nomad
+    with pytest.raises(ExecBroken):  # the server's certificate is not trusted
+        await collect(ExecClient(address=address, client_cert=cert, client_key=key))
+    with pytest.raises(ExecBroken):  # no client certificate
+        await collect(ExecClient(address=address, ca_cert=ca))
