@@ -225,6 +225,21 @@ def test_an_oom_kill_during_an_execution(world: World) -> None:
     assert status == 410 and "oom_killed" in message
 
 
+def test_a_restart_during_an_execution_names_the_loss(world: World) -> None:
+    runner = world.claim()
+    alloc = world.alloc_of(runner)["ID"]
+    ws_url = world.execute(runner, "echo started; sleep 60")
+    with world.connect(ws_url) as ws:
+        started = time.monotonic()
+        assert json.loads(ws.recv(timeout=5)) == {"type": "start"}
+        assert json.loads(ws.recv(timeout=5))["data"] == "started\r\n"
+        Http(world.sim.address).request("POST", f"/_sim/allocation/{alloc}/crash")
+        run = read_all(ws, started, start_read=True)
+    assert run.last["type"] == "error" and "restarted" in run.last["data"]
+    status, message = world.runner_status(runner)
+    assert status == 410 and "restarted" in message
+
+
 def test_a_drain_during_an_execution(world: World) -> None:
     runner = world.claim()
     alloc = world.alloc_of(runner)
