@@ -161,7 +161,12 @@ def test_the_acl_policy_grants_exactly_what_the_controller_uses() -> None:
     assert list(namespaces) == [INPUTS["runner_namespace"]["default"]]
     namespace = namespaces[INPUTS["runner_namespace"]["default"]]
     assert "policy" not in namespace, "capabilities, not a coarse read/write policy"
-    assert sorted(namespace["capabilities"]) == ["list-jobs", "read-job", "submit-job"]
+    assert sorted(namespace["capabilities"]) == [
+        "alloc-exec",
+        "list-jobs",
+        "read-job",
+        "submit-job",
+    ]
     paths = labelled(one(namespace, "variables"), "path")
     lock_path = rendered_env()["NRC_LEADER_LOCK_PATH"]
     assert lock_path == load_settings({}).leader_lock_path
