@@ -322,12 +322,20 @@ class _Run:
         runners = self.relay._runners
         while True:
             await asyncio.sleep(self.relay.settings.loss_poll_s)
-            state = runners.loss(self.runner_id)
-            if state is not None:
-                return await self._recorded()
+            if runners.loss(self.runner_id) is not None:
+                recorded = await self._try_recorded()
+                if recorded is not None:
+                    return recorded
 
-    async def _recorded(self) -> Outcome:
-        recorded = await self.relay._to_thread(self.relay._runners.record_loss, self.runner_id)
+    async def _try_recorded(self) -> Outcome | None:
+        """The loss as Nomad records it (written now if need be); None when it
+        cannot be recorded yet (Nomad failing, or the loss no longer shows):
+        the caller looks again rather than tell a reason Nomad does not hold."""
+        try:
+            recorded = await self.relay._to_thread(self.relay._runners.record_loss, self.runner_id)
+        except Exception as exc:
+            log.info("loss of runner %s not recorded yet: %s", self.runner_id, exc)
+            return None
         assert isinstance(recorded, LossReason | Released)
         return Lost(recorded) if isinstance(recorded, LossReason) else recorded
 
@@ -368,7 +376,9 @@ class _Run:
             with contextlib.suppress(Exception):
                 await self.relay._to_thread(runners.observe)
             if runners.loss(self.runner_id) is not None:
-                return await self._recorded()
+                recorded = await self._try_recorded()
+                if recorded is not None:
+                    return recorded
             if loop.time() >= deadline:
                 return None
             await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))

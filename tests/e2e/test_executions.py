@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,16 +210,22 @@ def test_a_client_that_leaves_leaves_no_process(world: World) -> None:
     assert world.runner_status(runner)[0] == 200
 
 
-def test_an_oom_kill_during_an_execution(world: World) -> None:
-    runner = world.claim()
-    alloc = world.alloc_of(runner)["ID"]
+def during_a_run(world: World, runner: str, fault: Callable[[], Any]) -> Run:
+    """Start `echo started; sleep 60`, apply `fault` once it runs, read to the end."""
     ws_url = world.execute(runner, "echo started; sleep 60")
     with world.connect(ws_url) as ws:
         started = time.monotonic()
         assert json.loads(ws.recv(timeout=5)) == {"type": "start"}
         assert json.loads(ws.recv(timeout=5))["data"] == "started\r\n"
-        Http(world.sim.address).request("POST", f"/_sim/allocation/{alloc}/oom")
-        run = read_all(ws, started, start_read=True)
+        fault()
+        return read_all(ws, started, start_read=True)
+
+
+def test_an_oom_kill_during_an_execution(world: World) -> None:
+    runner = world.claim()
+    alloc = world.alloc_of(runner)["ID"]
+    sim = Http(world.sim.address)
+    run = during_a_run(world, runner, lambda: sim.request("POST", f"/_sim/allocation/{alloc}/oom"))
     assert run.last == {"type": "error", "data": "the allocation was OOM Killed"}
     status, message = world.runner_status(runner)
     assert status == 410 and "oom_killed" in message
@@ -228,13 +234,10 @@ def test_an_oom_kill_during_an_execution(world: World) -> None:
 def test_a_restart_during_an_execution_names_the_loss(world: World) -> None:
     runner = world.claim()
     alloc = world.alloc_of(runner)["ID"]
-    ws_url = world.execute(runner, "echo started; sleep 60")
-    with world.connect(ws_url) as ws:
-        started = time.monotonic()
-        assert json.loads(ws.recv(timeout=5)) == {"type": "start"}
-        assert json.loads(ws.recv(timeout=5))["data"] == "started\r\n"
-        Http(world.sim.address).request("POST", f"/_sim/allocation/{alloc}/crash")
-        run = read_all(ws, started, start_read=True)
+    sim = Http(world.sim.address)
+    run = during_a_run(
+        world, runner, lambda: sim.request("POST", f"/_sim/allocation/{alloc}/crash")
+    )
     assert run.last["type"] == "error" and "restarted" in run.last["data"]
     status, message = world.runner_status(runner)
     assert status == 410 and "restarted" in message
@@ -242,19 +245,15 @@ def test_a_restart_during_an_execution_names_the_loss(world: World) -> None:
 
 def test_a_drain_during_an_execution(world: World) -> None:
     runner = world.claim()
-    alloc = world.alloc_of(runner)
-    ws_url = world.execute(runner, "echo started; sleep 60")
-    with world.connect(ws_url) as ws:
-        started = time.monotonic()
-        assert json.loads(ws.recv(timeout=5)) == {"type": "start"}
-        assert json.loads(ws.recv(timeout=5))["data"] == "started\r\n"
-        Http(world.sim.address).request(
-            "PUT",
-            f"/v1/node/{alloc['NodeID']}/drain",
-            # a forced drain: batch allocations (runners) migrate at once
-            json={"DrainSpec": {"Deadline": -1}},
-        ).raise_for_status()
-        run = read_all(ws, started, start_read=True)
+    node = world.alloc_of(runner)["NodeID"]
+    sim = Http(world.sim.address)
+
+    def drain() -> None:
+        # a forced drain: batch allocations (runners) migrate at once
+        body = {"DrainSpec": {"Deadline": -1}}
+        sim.request("PUT", f"/v1/node/{node}/drain", json=body).raise_for_status()
+
+    run = during_a_run(world, runner, drain)
     assert run.last["type"] == "error"
     assert "migrated" in run.last["data"]
     status, message = world.runner_status(runner)
