@@ -10,7 +10,7 @@ constant time and never logged.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated
 
 from fastapi import Security
@@ -58,9 +58,19 @@ def _matches(offered: str | None, expected: bytes) -> bool:
     return hmac.compare_digest(offered.encode("utf-8", "surrogateescape"), expected)
 
 
-def token_matches(offered: str | None, token: str) -> bool:
-    """`offered` is `token` (constant time)."""
-    return _matches(offered, token.encode("utf-8"))
+def _offers(header: str | None, bearer: str | None, expected: bytes) -> bool:
+    # Both are compared, so the time taken does not depend on which matched.
+    by_header = _matches(header, expected)
+    by_bearer = _matches(bearer, expected)
+    return by_header or by_bearer
+
+
+def headers_offer(headers: Mapping[str, str], token: str) -> bool:
+    """Whether request headers carry `token` as Poseidon-Token or Bearer: for
+    the WebSocket's upgrade, which does not go through `require_token`."""
+    auth = headers.get("authorization", "")
+    bearer = auth[7:] if auth[:7].lower() == "bearer " else None
+    return _offers(headers.get(POSEIDON_HEADER), bearer, token.encode("utf-8"))
 
 
 def require_token(token: str) -> Callable[..., Awaitable[None]]:
@@ -73,10 +83,7 @@ def require_token(token: str) -> Callable[..., Awaitable[None]]:
         header: PoseidonHeader,
         bearer: BearerHeader,
     ) -> None:
-        # Both are compared, so the time taken does not depend on which matched.
-        by_header = _matches(header, expected)
-        by_bearer = _matches(bearer.credentials if bearer else None, expected)
-        if not (by_header or by_bearer):
+        if not _offers(header, bearer.credentials if bearer else None, expected):
             raise ApiError(
                 401,
                 "authentication required: send the API token as Poseidon-Token or Bearer",

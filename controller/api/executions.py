@@ -20,14 +20,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect
 
-from controller.api.auth import POSEIDON_HEADER, token_matches
+from controller.api.auth import headers_offer
 from controller.api.body import json_body, request_body
 from controller.api.errors import ApiError, error_response, not_leader_message, responses
 from controller.api.models import ErrorCode, ExecutionCreated, ExecutionRequest
 from controller.api.runners import claimed_runner, expired_message
 from controller.execution.command import ExecutionRequest as Command
-from controller.execution.frames import Frame
-from controller.execution.relay import Relay, encode
+from controller.execution.frames import Frame, encode
+from controller.execution.relay import Relay
 from controller.execution.store import ExecutionStore
 from controller.reconcile.claims import NotLeader
 from controller.reconcile.loop import Controller
@@ -160,7 +160,7 @@ def router(
 
     @api.websocket("/{runnerId}/websocket")
     async def websocket(websocket: WebSocket, runnerId: str) -> None:
-        if api_token is not None and not _authenticated(websocket, api_token):
+        if api_token is not None and not headers_offer(websocket.headers, api_token):
             await _deny(websocket, 401, "authentication required: send the API token")
             return
         try:
@@ -189,15 +189,6 @@ def router(
         await relay.run(execution, claim.alloc_id, _Client(websocket))
 
     return api
-
-
-def _authenticated(websocket: WebSocket, token: str) -> bool:
-    header = websocket.headers.get(POSEIDON_HEADER)
-    auth = websocket.headers.get("authorization", "")
-    bearer = auth[7:] if auth.lower().startswith("bearer ") else None
-    by_header = token_matches(header, token)
-    by_bearer = token_matches(bearer, token)
-    return by_header or by_bearer
 
 
 async def _deny(

@@ -12,7 +12,6 @@ representable where it ends up (Nomad's int64 fields, nanosecond deadlines).
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
@@ -20,6 +19,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from controller.execution.command import ENV_NAME
 from controller.model import Phase
 
 MAX_ID = 2**63 - 1  # ids are Go int64 in Poseidon and in clients
@@ -107,7 +107,6 @@ class EnvironmentRequest(_Request):
 
 # A time limit in seconds that any clock can add to "now" (Poseidon's is uint64).
 MAX_TIME_LIMIT_S = 10 * 365 * 24 * 3600
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NO_NUL = "^[^\\x00]*$"
 
 
@@ -140,7 +139,7 @@ class ExecutionRequest(_Request):
         description="Environment variables for the command (names: letters, digits, `_`, "
         "not starting with a digit). Values are passed as they are, quotes and spaces included.",
         json_schema_extra={
-            "propertyNames": {"pattern": f"^{_ENV_NAME.pattern}$"},
+            "propertyNames": {"pattern": f"^{ENV_NAME.pattern}$"},
             "additionalProperties": {"type": "string", "pattern": _NO_NUL},
         },
     )
@@ -154,7 +153,7 @@ class ExecutionRequest(_Request):
     @classmethod
     def _environment(cls, environment: dict[str, str]) -> dict[str, str]:
         for name, value in environment.items():
-            if not _ENV_NAME.fullmatch(name):
+            if not ENV_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not a valid environment variable name")
             _no_nul(value)
         return environment

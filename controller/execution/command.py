@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 MARKER = "NRC_EXECUTION_ID"
-# Poseidon's pattern for environment variable names, loosened to one character.
+# What `export NAME=value` takes: Poseidon's pattern for environment variable
+# names, loosened to one character. The API validates requests against it.
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -119,8 +120,3 @@ def kill_command(execution_id: str) -> list[str]:
 def parse_wrapper(text: str) -> tuple[str, ...]:
     """The unprivileged wrapper setting as words (shell syntax); empty: none."""
     return tuple(shlex.split(text))
-
-
-def valid_environment(environment: Mapping[str, str]) -> Sequence[str]:
-    """The names that cannot be environment variables (empty when all can)."""
-    return [name for name in environment if not ENV_NAME.fullmatch(name)]

@@ -25,6 +25,7 @@ How an execution ended decides the terminal frame:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,11 @@ def terminal(outcome: Outcome) -> Frame:
     if isinstance(outcome, Released):
         return error(RELEASED_MESSAGE)
     return error(outcome.message)
+
+
+def encode(frame: Frame) -> str:
+    """A frame as the JSON text frame clients receive (compact, UTF-8 as is)."""
+    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
 
 
 def error(message: str) -> Frame:

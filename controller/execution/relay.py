@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -502,7 +501,3 @@ def _result(outcome: Outcome) -> str:
     if isinstance(outcome, Lost):
         return "lost"
     return "error"
-
-
-def encode(frame: Frame) -> str:
-    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from controller.execution.frames import Released
 from controller.model import LossReason
-from controller.nomad.gateway import IndexConflict
 from controller.reconcile.loop import Controller
 
 
@@ -47,14 +46,7 @@ class ControllerRunners:
     def stop_runner(self, runner_id: str, reason: LossReason) -> None:
         """End the claim with `reason` (the job is stopped with it: Nomad kills
         everything in the allocation). Nothing to do when it already ended."""
-        claims = self._controller.claims
-        for _ in range(3):
-            view = claims.lookup(runner_id)
-            if view is None or view.job.claim is None or view.job.claim.lost_reason:
-                return
-            try:
-                if claims.end_claim(runner_id, view.job.job_modify_index, reason):
-                    return
-            except IndexConflict:
-                pass
-            self.observe()
+        view = self._controller.claims.lookup(runner_id)
+        if view is None or view.job.claim is None or view.job.claim.lost_reason:
+            return
+        self._controller.claims.write_loss(view, reason)

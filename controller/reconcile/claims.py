@@ -231,8 +231,14 @@ class Claims:
         assert claim is not None
         if claim.lost_reason is not None:
             return claim.lost_reason
-        reason = view.reset
-        assert reason is not None
+        assert view.reset is not None
+        return self.write_loss(view, view.reset)
+
+    def write_loss(self, view: RunnerView, reason: LossReason) -> LossReason | None:
+        """End the claim with `reason` unless somebody ended it first; the loss
+        Nomad then records (None: the runner is gone). A conflicting write is
+        read back from Nomad and the write tried again on it, three times at
+        most. Raises as `record_loss`."""
         if not self._can_serve():
             raise NotLeader
         job_modify_index = view.job.job_modify_index
