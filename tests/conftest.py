@@ -3,6 +3,8 @@ a check that the whole session leaves no process of an execution behind."""
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -47,25 +49,31 @@ def sim(make_sim: Callable[..., SimServer]) -> SimServer:
 MARKERS = ("NOMADSIM_ALLOC_ID", "NRC_EXECUTION_ID")
 
 
-def marked_processes() -> set[int]:
+# Set for this session: processes inherit it through the simulator's
+# environment, so those of another session running at the same time (started
+# before or during this one) are told apart.
+SESSION = "NRC_TEST_SESSION"
+
+
+def marked_processes(session: str) -> set[int]:
     found = set()
     for process in psutil.process_iter():
         try:
             environ = process.environ()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        if any(marker in environ for marker in MARKERS) and process.status() != "zombie":
+        ours = environ.get(SESSION) == session
+        if ours and any(m in environ for m in MARKERS) and process.status() != "zombie":
             found.add(process.pid)
     return found
 
 
 @pytest.fixture(scope="session", autouse=True)
 def no_process_left_behind() -> Iterator[None]:
-    """Fails the session if a process started by an execution outlives it
-    (processes of another session running at the same time are ignored)."""
-    before = marked_processes()
+    """Fails the session if a process started by an execution outlives it."""
+    session = os.environ.setdefault(SESSION, uuid.uuid4().hex)
     yield
-    left = marked_processes() - before
+    left = marked_processes(session)
     if left:
         names = [" ".join(psutil.Process(pid).cmdline()) for pid in sorted(left)]
         pytest.fail(f"processes of executions left behind: {names}")
