@@ -47,6 +47,7 @@ from pydantic_settings import (
 
 from controller.execution.command import ExecSettings, parse_wrapper
 from controller.execution.service import ExecutionSettings
+from controller.files.service import FileSettings
 from controller.model import SECOND
 from controller.reconcile.loop import ControllerSettings
 from controller.reconcile.plan import PlanSettings
@@ -366,6 +367,14 @@ class Settings(BaseSettings):
         description="How long a websocketUrl from /execute stays valid if nobody connects.",
         json_schema_extra=_allowed(f"a duration above 0, {_DURATION_FORMS}", duration=True),
     )
+    files_max_upload_bytes: Integer = Field(
+        default=100 * 1024 * 1024,
+        alias="NRC_FILES_MAX_UPLOAD",
+        gt=0,
+        description="Largest PATCH /files body in bytes (larger is 413). Bodies are spooled "
+        "to a temporary file (TMPDIR), never held in memory.",
+        json_schema_extra=_allowed("an integer above 0 (bytes)"),
+    )
 
     # --- the reconcile loop ---
     resync_interval_s: Duration = Field(
@@ -659,6 +668,11 @@ class Settings(BaseSettings):
                 separate_stderr=self.exec_separate_stderr,
             ),
             id_ttl_s=self.execution_id_ttl_s,
+        )
+
+    def file_settings(self) -> FileSettings:
+        return FileSettings(
+            exec=self.execution_settings().exec, max_upload_bytes=self.files_max_upload_bytes
         )
 
     def nomad_connection_kwargs(self) -> dict[str, Any]:

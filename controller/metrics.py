@@ -40,6 +40,22 @@ GUARDS = ("expectation", "stale_list")
 EVENT_TOPICS = ("Job", "Allocation", "Evaluation", "Node")
 EXECUTION_RESULTS = ("exit", "timeout", "lost", "error", "client_disconnected")
 EXECUTION_STREAMS = ("stdin", "stdout", "stderr")
+FILE_OPERATIONS = ("copy", "list", "download")
+# ok; bad_request (400/413/416); lost (410: the runner is gone or was reset);
+# not_found (424); conflict (409); failed (500: the runner could not);
+# nomad_error (500: Nomad refused or broke off the exec); interrupted (the
+# stream broke off after its answer had started).
+FILE_RESULTS = (
+    "ok",
+    "bad_request",
+    "lost",
+    "not_found",
+    "conflict",
+    "failed",
+    "nomad_error",
+    "interrupted",
+)
+FILE_BYTES = ("copy", "download")
 _EXECUTION = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
@@ -230,6 +246,20 @@ class Metrics:
             ["stream"],
             registry=r,
         )
+        self.file_operations = Counter(
+            "nrc_file_operations_total",
+            "File operations (copy: PATCH /files, list: GET /files, download: GET /files/raw) "
+            "by result: " + ", ".join(FILE_RESULTS) + ".",
+            ["operation", "result"],
+            registry=r,
+        )
+        self.file_bytes = Counter(
+            "nrc_file_bytes_total",
+            "File content moved: copy (decoded bytes written into runners by successful "
+            "copies), download (bytes sent to clients).",
+            ["operation"],
+            registry=r,
+        )
         self._initialise()
 
     def _initialise(self) -> None:
@@ -237,6 +267,11 @@ class Metrics:
             self.executions.labels(execution_result)
         for stream in EXECUTION_STREAMS:
             self.execution_bytes.labels(stream)
+        for operation in FILE_OPERATIONS:
+            for file_result in FILE_RESULTS:
+                self.file_operations.labels(operation, file_result)
+        for operation in FILE_BYTES:
+            self.file_bytes.labels(operation)
         self.reconcile_errors.labels(CONTROLLER)
         for result in RECONCILE_RESULTS:
             self.reconcile_total.labels(CONTROLLER, result)

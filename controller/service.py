@@ -21,6 +21,7 @@ from controller.api.app import create_app
 from controller.api.executions import WebSocketUrls
 from controller.config import Settings
 from controller.execution.service import executions
+from controller.files.service import Files
 from controller.logs import configure_logging
 from controller.metrics import Metrics
 from controller.model import Environment
@@ -90,6 +91,8 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
             scheme=settings.api_websocket_scheme,
             trust_proxy_headers=settings.api_trust_proxy_headers,
         ),
+        file_service=Files(exec_client, metrics, settings.file_settings()),
+        max_upload_bytes=settings.files_max_upload_bytes,
     )
     return Service(settings, controller, app)
 

@@ -52,6 +52,7 @@ ALL_VARIABLES = [
     "NRC_EXEC_UNPRIVILEGED_WRAPPER",
     "NRC_EXEC_SEPARATE_STDERR",
     "NRC_EXECUTION_ID_TTL",
+    "NRC_FILES_MAX_UPLOAD",
     "NRC_RESYNC_INTERVAL",
     "NRC_ORPHAN_GRACE",
     "NRC_STARTUP_TIMEOUT",
@@ -348,6 +349,14 @@ def test_execution_settings() -> None:
     assert none.exec.unprivileged_wrapper == ()
 
 
+def test_file_settings() -> None:
+    default = load_settings({}).file_settings()
+    assert default.max_upload_bytes == 100 * 1024 * 1024
+    assert default.exec == load_settings({}).execution_settings().exec
+    s = load_settings({"NRC_FILES_MAX_UPLOAD": "5000", "NRC_EXEC_TASK": "main"})
+    assert (s.file_settings().max_upload_bytes, s.file_settings().exec.task) == (5000, "main")
+
+
 # --- bad values: one line naming the variable --------------------------------
 
 DURATION = "as seconds (30, 0.5) or a Go duration (30s, 5m, 1h30m, 250ms)"
@@ -430,6 +439,16 @@ LOCK_PATH = (
             "NRC_EXECUTION_ID_TTL",
             "0",
             f'NRC_EXECUTION_ID_TTL: must be a duration above 0, {DURATION} (got "0")',
+        ),
+        (
+            "NRC_FILES_MAX_UPLOAD",
+            "0",
+            'NRC_FILES_MAX_UPLOAD: must be an integer above 0 (bytes) (got "0")',
+        ),
+        (
+            "NRC_FILES_MAX_UPLOAD",
+            "100MiB",
+            'NRC_FILES_MAX_UPLOAD: must be an integer above 0 (bytes) (got "100MiB")',
         ),
         # durations
         (

@@ -13,17 +13,25 @@ token authentication on the protected routers, then the routes.
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from controller.api import environments, errors, executions, health, openapi, runners
+from controller.api import environments, errors, executions, files, health, openapi, runners
 from controller.api.auth import require_token
-from controller.api.body import MAX_BODY_BYTES, BodyLimit, BodyTooLarge, too_large_message
+from controller.api.body import (
+    MAX_BODY_BYTES,
+    BodyLimit,
+    BodyTooLarge,
+    RouteLimit,
+    too_large_message,
+)
 from controller.api.executions import WebSocketUrls
-from controller.execution.service import Executions
+from controller.execution.service import Executions, NoExec
 from controller.execution.service import executions as default_executions
+from controller.files.service import Files, FileSettings
 from controller.reconcile.loop import Controller
 
 API_PREFIX = "/api/v1"
@@ -41,12 +49,13 @@ PACKAGE_VERSION = package_version()
 DESCRIPTION = """\
 Keeps warm pools of sandbox runners on HashiCorp Nomad and hands them to
 clients. Compatible with Poseidon's API 0.2.2 for runners (execution through
-`/execute` and the `/websocket` WebSocket; not yet files), execution
-environments, statistics, health and version.
+`/execute` and the `/websocket` WebSocket, files through `/files` and
+`/files/raw`), execution environments, statistics, health and version.
 
 Errors are `{"message": ..., "errorCode": ...}`; `errorCode` is one of
 Poseidon's codes, or `NOT_LEADER` (503) when this replica does not serve.
-Invalid requests are 400, bodies over 1 MiB 413.
+Invalid requests are 400, bodies over 1 MiB 413 (PATCH /files: over
+NRC_FILES_MAX_UPLOAD, 100 MiB by default).
 """
 
 TAGS = [
@@ -66,6 +75,8 @@ def create_app(
     version: str = PACKAGE_VERSION,
     execution: Executions | None = None,
     websocket_urls: WebSocketUrls | None = None,
+    file_service: Files | None = None,
+    max_upload_bytes: int = FileSettings().max_upload_bytes,
 ) -> FastAPI:
     """The API application; the caller runs it (uvicorn) and owns the controller.
     Without `execution`, executions end with an error frame (no Nomad exec)."""
@@ -98,6 +109,10 @@ def create_app(
         ),
         prefix=API_PREFIX,
     )
+    file_service = file_service or Files(NoExec(), controller.metrics)
+    app.include_router(
+        files.router(controller, file_service, protected, max_upload_bytes), prefix=API_PREFIX
+    )
     app.include_router(environments.router(controller, protected, max_pool_size), prefix=API_PREFIX)
     app.include_router(environments.statistics_router(controller, protected), prefix=API_PREFIX)
     app.include_router(
@@ -112,7 +127,8 @@ def create_app(
 
     # json_body answers 413 itself; this covers any other reader of the body
     app.add_exception_handler(BodyTooLarge, body_too_large)
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    uploads = RouteLimit("PATCH", re.compile(f"{API_PREFIX}/runners/[^/]+/files"), max_upload_bytes)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, routes=[uploads])
     app.add_middleware(errors.CatchAll)
 
     def schema() -> dict[str, Any]:

@@ -15,7 +15,9 @@ Content-Type is not checked: a body is always read as JSON.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -37,25 +39,45 @@ class BodyTooLarge(Exception):
         self.limit = limit
 
 
-class BodyLimit:
-    """ASGI middleware enforcing `max_bytes` on every request body."""
+@dataclass(frozen=True)
+class RouteLimit:
+    """A route whose bodies may be larger (or must be smaller) than the default."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+    method: str
+    path: re.Pattern[str]
+    max_bytes: int
+
+
+class BodyLimit:
+    """ASGI middleware enforcing `max_bytes` on every request body, or the
+    limit of the first `routes` entry the request matches."""
+
+    def __init__(
+        self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES, routes: Sequence[RouteLimit] = ()
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.routes = tuple(routes)
+
+    def limit(self, scope: Scope) -> int:
+        for route in self.routes:
+            if scope.get("method") == route.method and route.path.fullmatch(scope["path"]):
+                return route.max_bytes
+        return self.max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.limit(scope)
         for name, value in scope.get("headers") or ():
             if name.lower() != b"content-length":
                 continue
             if not value.isdigit():
                 await error_response(400, "invalid Content-Length")(scope, receive, send)
                 return
-            if len(value) > 19 or int(value) > self.max_bytes:
-                await self._too_large(scope, receive, send)
+            if len(value) > 19 or int(value) > limit:
+                await error_response(413, too_large_message(limit))(scope, receive, send)
                 return
         received = 0
 
@@ -64,15 +86,11 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise BodyTooLarge(self.max_bytes)
+                if received > limit:
+                    raise BodyTooLarge(limit)
             return message
 
         await self.app(scope, limited, send)
-
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_response(413, too_large_message(self.max_bytes))
-        await response(scope, receive, send)
 
 
 def too_large_message(max_bytes: int = MAX_BODY_BYTES) -> str:

@@ -176,7 +176,11 @@ DESCRIPTIONS = {
     404: "The entity does not exist.",
     410: "The runner is not available any longer: unknown, released, or lost (the "
     "message says why it was lost).",
-    413: "The request body exceeds 1 MiB.",
+    409: "The runner's file system conflicts with the request: a directory where a file "
+    "is to be copied, or a file where a directory is needed. Delete it first.",
+    413: "The request body exceeds its limit (1 MiB; PATCH /files: NRC_FILES_MAX_UPLOAD).",
+    416: "The Range lies beyond the end of the file (Content-Range names its size).",
+    424: "The path does not exist, cannot be read, or (for a download) is not a file.",
     426: "A plain GET: the execution runs over a WebSocket; connect with an upgrade.",
     500: "The request could not be handled: NOMAD_OVERLOAD (no idle runner ready), "
     "NOMAD_UNREACHABLE, NOMAD_INTERNAL_SERVER_ERROR, or UNKNOWN.",

@@ -228,3 +228,44 @@ class EnvironmentStatistics(BaseModel):
 
 class Status(BaseModel):
     status: str = Field(examples=["ok"])
+
+
+class FileCopy(BaseModel):
+    path: str = Field(
+        description="Where the file goes: relative to the working directory, or absolute. "
+        "Ending in `/`: a directory (mode 1777; content ignored). Missing parents are created."
+    )
+    content: str | None = Field(
+        default=None,
+        description="The file's bytes in standard base64 (mode 0744, owned by root); "
+        "missing or null: an empty file.",
+    )
+
+
+class FileUpdate(BaseModel):
+    """Documents `PATCH /files` (its body is parsed as a stream, not by this model)."""
+
+    delete: list[str] | None = Field(
+        default=None,
+        description="Paths deleted recursively before anything is copied; `./*` keeps its "
+        "glob meaning.",
+    )
+    copy_: list[FileCopy] | None = Field(default=None, alias="copy")
+
+
+class FileHeader(BaseModel):
+    name: str = Field(
+        description="`./a.txt` when `./` is listed recursively; bytes that are not UTF-8 as "
+        "lone surrogates `\\udc80`–`\\udcff`."
+    )
+    entryType: str = Field(description="`-` file, `d` directory, `l` link, `p`, `s`, `b`, `c`.")
+    linkTarget: str | None = Field(default=None, description="Only for links it could read.")
+    size: int
+    modificationTime: int = Field(description="Seconds since the epoch.")
+    permissions: str = Field(examples=["rwxr--r--"])
+    owner: str
+    group: str
+
+
+class FileListing(BaseModel):
+    files: list[FileHeader]

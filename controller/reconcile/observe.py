@@ -292,6 +292,18 @@ class Observer:
             self._wanted = max(self._wanted, index)
             self._heard.notify_all()
 
+    def reread(self, job_ids: Collection[str]) -> Snapshot:
+        """Read these jobs and their allocations from Nomad now, whether or not
+        events named them: an answer about a runner that must not come from a
+        view older than what the runner itself just showed (a file operation
+        that may have met a reset file system). Raises as `refresh`."""
+        with self._lock:
+            for job_id in job_ids:
+                dirty = self._dirty.setdefault(job_id, _Dirty())
+                dirty.note(0, True)
+                dirty.note(0, False)
+        return self.refresh()
+
     def follow(self, stop: threading.Event, active: Callable[[], bool] = lambda: True) -> None:
         """Refresh soon after events name something newer than the snapshot,
         until `stop` is set (run it on a thread of its own). Passes refresh

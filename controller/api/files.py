@@ -1,0 +1,457 @@
+"""File routes (Poseidon's): `PATCH /runners/{id}/files` deletes then copies,
+`GET /runners/{id}/files` lists, `GET /runners/{id}/files/raw` downloads.
+
+Like every runner route, each touches the runner (its inactivity timer starts
+again), and answers 410 for an unknown, released or lost runner — a loss the
+controller has derived is recorded in Nomad first, so the client hears the
+same reason everywhere. While the operation runs, the runner counts as in use
+(never released for inactivity under it). When Nomad refuses or breaks off
+the exec, Nomad is read again: if the runner was lost meanwhile, the answer
+is its 410, not a 500.
+
+Bodies stream both ways: an upload is spooled to a temporary file and never
+held in memory (`controller.files.upload`); a listing or download is sent as
+the runner produces it. A stream that breaks off after its answer started
+ends the connection early, so the client sees an incomplete body.
+
+Query strings are decoded with `surrogateescape`: a path given as
+percent-encoded bytes that are not UTF-8 (`%FF`) reaches the file system as
+those bytes, and a listing's `\\udcXX` names map back to them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+from collections.abc import AsyncGenerator, Callable, Mapping
+from typing import IO, Annotated, Any
+from urllib.parse import parse_qsl, quote_from_bytes
+
+import anyio
+from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from controller.api.body import BodyTooLarge, request_body, too_large_message
+from controller.api.errors import ApiError, responses
+from controller.api.models import ErrorCode, FileListing, FileUpdate
+from controller.api.runners import claimed_runner, expired_message
+from controller.files.paths import BadPath, to_bytes
+from controller.files.ranges import http_date
+from controller.files.service import (
+    Conflict,
+    ExecFailed,
+    Failed,
+    FileError,
+    Files,
+    Interrupted,
+    NotFound,
+    RangeNotSatisfiable,
+)
+from controller.files.upload import BadUpload, parse
+from controller.model import RunnerView
+from controller.nomad.exec import ExecBroken, ExecForbidden
+from controller.reconcile.loop import Controller
+
+log = logging.getLogger(__name__)
+
+RunnerId = Annotated[str, Path(description="The runner's id (its Nomad job id).")]
+PathQuery = Annotated[
+    str | None,
+    Query(
+        alias="path",
+        description="Relative to the working directory, or absolute; percent-encoded bytes "
+        "that are not UTF-8 are taken as bytes.",
+    ),
+]
+RequiredPath = Annotated[
+    str,
+    Query(
+        alias="path",
+        min_length=1,
+        description="The file: relative to the working directory, or absolute; "
+        "percent-encoded bytes that are not UTF-8 are taken as bytes.",
+    ),
+]
+Privileged = Annotated[
+    str | None,
+    Query(
+        alias="privilegedExecution",
+        description="`true`: as root; otherwise as the unprivileged user (default false).",
+    ),
+]
+Recursive = Annotated[
+    str | None,
+    Query(
+        alias="recursive",
+        description="List below subdirectories too (default true; like Poseidon, any value "
+        "that is not a boolean means true).",
+    ),
+]
+
+_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
+_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
+SPOOL_CHUNK = 1 << 16
+
+
+def go_bool(value: str | None, default: bool) -> bool:
+    """A query boolean as Go's strconv.ParseBool reads it; anything else is
+    `default`, as Poseidon takes it."""
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    return default
+
+
+def query(request: Request) -> dict[str, str]:
+    """The query parameters, bytes that are not UTF-8 kept as surrogates; the
+    first value of a repeated name wins (Go's `Query().Get`)."""
+    raw = request.scope.get("query_string", b"").decode("utf-8", "surrogateescape")
+    out: dict[str, str] = {}
+    for name, value in parse_qsl(
+        raw, keep_blank_values=True, encoding="utf-8", errors="surrogateescape"
+    ):
+        out.setdefault(name, value)
+    return out
+
+
+def checked_path(value: str, name: str = "path") -> str:
+    try:
+        to_bytes(value)
+    except BadPath as exc:
+        raise ApiError(400, f"{name} {exc}") from None
+    return value
+
+
+def content_disposition(path: str) -> str:
+    """`attachment` named after the path as given, as Poseidon does; an ASCII
+    fallback and the exact bytes in `filename*` (RFC 6266) when needed."""
+    plain = "".join(c if " " <= c <= "~" and c not in '"\\' else "_" for c in path)
+    value = f'attachment; filename="{plain}"'
+    if plain != path:
+        raw = path.encode("utf-8", "surrogateescape")
+        value += "; filename*=UTF-8''" + quote_from_bytes(raw, safe="")
+    return value
+
+
+class Streamed(StreamingResponse):
+    """A response whose body comes from `body` as it is produced. If the body
+    breaks off (Interrupted) the response ends without completing, and the
+    server closes the connection: the client sees an incomplete body. A client
+    that leaves stops the stream. `done` gets the result either way."""
+
+    def __init__(
+        self,
+        body: AsyncGenerator[bytes, None],
+        done: Callable[[str], None],
+        *,
+        status_code: int = 200,
+        media_type: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(body, status_code=status_code, media_type=media_type, headers=headers)
+        self._body = body
+        self._done = done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        result = "interrupted"
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def watch() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    group.cancel_scope.cancel()
+
+                group.start_soon(watch)
+                result = await self._stream(send)
+                group.cancel_scope.cancel()
+        finally:
+            self._done(result)
+            with contextlib.suppress(Exception):
+                await self._body.aclose()
+
+    async def _stream(self, send: Send) -> str:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        try:
+            async for chunk in self._body:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except Interrupted as exc:
+            log.warning("cut off a response: %s", exc.message)
+            return "interrupted"
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return "ok"
+
+
+def router(
+    controller: Controller, files: Files, dependencies: list[Any], max_upload_bytes: int
+) -> APIRouter:
+    api = APIRouter(prefix="/runners", tags=["runner"], dependencies=dependencies)
+    metrics = controller.metrics
+
+    def count(operation: str, result: str) -> None:
+        metrics.file_operations.labels(operation, result).inc()
+
+    async def in_use(runner_id: str) -> RunnerView:
+        """The claimed runner (410 otherwise), in use until `end_use`."""
+        view = await run_in_threadpool(claimed_runner, controller, runner_id)
+        claim = view.job.claim
+        assert claim is not None
+        if not controller.claims.begin_use(runner_id):
+            raise ApiError(410, expired_message(runner_id, claim.timeout))
+        return view
+
+    async def lost_meanwhile(runner_id: str) -> ApiError | None:
+        """The runner's 410 if Nomad, read again now, shows it was reset (or
+        gone): an answer that may come from a reset file system — a missing
+        path, an empty listing, a copy into a fresh directory — must not reach
+        the client as if the runner were still what it claimed. None when it
+        is still claimed, or Nomad cannot be read (the answer stands)."""
+        try:
+            await run_in_threadpool(controller.observer.reread, [runner_id])
+        except Exception as exc:
+            log.warning("reading runner %s again from Nomad: %s", runner_id, exc)
+            return None
+        try:
+            await run_in_threadpool(claimed_runner, controller, runner_id)
+        except ApiError as gone:
+            return gone
+        return None
+
+    async def exec_failed(runner_id: str, failure: ExecFailed) -> ApiError:
+        """The answer for an exec Nomad refused or broke off: the runner's 410
+        if it was lost meanwhile, else Nomad's error."""
+        gone = await lost_meanwhile(runner_id)
+        if gone is not None:
+            return gone
+        error = failure.error
+        if isinstance(error, ExecBroken):
+            return ApiError(
+                500,
+                f"Nomad could not run the file operation: {error.reason}",
+                ErrorCode.NOMAD_UNREACHABLE,
+            )
+        if isinstance(error, ExecForbidden):
+            return ApiError(
+                500,
+                f"Nomad refused the exec ({error.reason}): the controller's token needs "
+                "the alloc-exec capability",
+                ErrorCode.NOMAD_INTERNAL_SERVER_ERROR,
+            )
+        return ApiError(
+            500, f"Nomad refused the exec: {error.reason}", ErrorCode.NOMAD_INTERNAL_SERVER_ERROR
+        )
+
+    async def answer(runner_id: str, operation: str, exc: FileError) -> ApiError:
+        if isinstance(exc, ExecFailed):
+            error = await exec_failed(runner_id, exc)
+            count(operation, "lost" if error.status == 410 else "nomad_error")
+            return error
+        if isinstance(exc, NotFound | Conflict | Failed):
+            gone = await lost_meanwhile(runner_id)
+            if gone is not None:
+                count(operation, "lost")
+                return gone
+        if isinstance(exc, NotFound):
+            count(operation, "not_found")
+            return ApiError(424, exc.message)
+        if isinstance(exc, Conflict):
+            count(operation, "conflict")
+            return ApiError(409, exc.message)
+        if isinstance(exc, RangeNotSatisfiable):
+            count(operation, "bad_request")
+            return ApiError(416, exc.message, headers={"Content-Range": f"bytes */{exc.size}"})
+        count(operation, "failed")
+        return ApiError(500, exc.message, ErrorCode.UNKNOWN)
+
+    def ended(runner_id: str, operation: str) -> Callable[[str], None]:
+        def done(result: str) -> None:
+            controller.claims.end_use(runner_id)
+            count(operation, result)
+
+        return done
+
+    @api.patch(
+        "/{runnerId}/files",
+        summary="Manipulate the runner's file system",
+        description=(
+            "Deletes the `delete` paths (recursively; `./*` is a glob), then copies the "
+            "`copy` items: directories (a path ending in `/`) mode 1777, files 0744, owned by "
+            "root, missing parents created. The body is checked whole before the runner is "
+            "touched (400 names the item); a file copied onto a directory (or a directory "
+            "needed where a file is) is 409 before anything is copied. 500 names what failed; "
+            "what could be written is written. Restarts the runner's inactivity timer."
+        ),
+        status_code=204,
+        response_class=Response,
+        responses={
+            204: {"description": "Everything was deleted and copied."},
+            **responses(400, 409, 410, 413, 500, 503),
+        },
+        openapi_extra=request_body(FileUpdate, "What to delete, then what to copy."),
+    )
+    async def update(runnerId: RunnerId, request: Request) -> Response:
+        try:
+            view = await in_use(runnerId)
+        except ApiError:
+            # Poseidon reads the body before it answers: Ruby clients broke on
+            # an early answer (Poseidon #54).
+            with contextlib.suppress(BodyTooLarge):
+                async for _ in request.stream():
+                    pass
+            count("copy", "lost")
+            raise
+        try:
+            with tempfile.TemporaryFile(prefix="nrc-upload-") as spool:
+                try:
+                    await _spool(request, spool)
+                    upload = await run_in_threadpool(parse, spool.fileno())
+                except BodyTooLarge:
+                    count("copy", "bad_request")
+                    raise ApiError(413, too_large_message(max_upload_bytes)) from None
+                except BadUpload as exc:
+                    count("copy", "bad_request")
+                    raise ApiError(400, str(exc)) from None
+                claim = view.job.claim
+                assert claim is not None
+                try:
+                    await files.copy(claim.alloc_id, spool.fileno(), upload)
+                except FileError as exc:
+                    raise await answer(runnerId, "copy", exc) from None
+            gone = await lost_meanwhile(runnerId)
+            if gone is not None:
+                count("copy", "lost")
+                raise gone
+        finally:
+            controller.claims.end_use(runnerId)
+        count("copy", "ok")
+        metrics.file_bytes.labels("copy").inc(upload.content_bytes)
+        return Response(status_code=204)
+
+    @api.get(
+        "/{runnerId}/files",
+        summary="List the runner's file system",
+        description=(
+            "Entries below `path` (default `./`), as Poseidon names them: `./a.txt` when "
+            "`./` is listed recursively, bare names otherwise. Exact for every name (listed "
+            "by GNU find, NUL-separated) and streamed as it is produced. 424 when the path "
+            "does not exist or cannot be read. Restarts the runner's inactivity timer."
+        ),
+        response_model=FileListing,
+        responses=responses(400, 410, 424, 500, 503),
+    )
+    async def list_files(
+        runnerId: RunnerId,
+        request: Request,
+        path: PathQuery = "./",
+        recursive: Recursive = None,
+        privileged: Privileged = None,
+    ) -> Response:
+        # The runner first, then the path: Poseidon answers 410 before anything else.
+        view = await in_use(runnerId)
+        claim = view.job.claim
+        assert claim is not None
+        params = query(request)
+        try:
+            target = checked_path(params.get("path") or "./")
+            listing = await files.listing(
+                claim.alloc_id,
+                target,
+                go_bool(params.get("recursive"), True),
+                go_bool(params.get("privilegedExecution"), False),
+            )
+        except FileError as exc:
+            controller.claims.end_use(runnerId)
+            raise await answer(runnerId, "list", exc) from None
+        except ApiError:
+            controller.claims.end_use(runnerId)
+            count("list", "bad_request")
+            raise
+        except BaseException:
+            controller.claims.end_use(runnerId)
+            raise
+        gone = await lost_meanwhile(runnerId)
+        if gone is not None:
+            await listing.body.aclose()
+            controller.claims.end_use(runnerId)
+            count("list", "lost")
+            raise gone
+        return Streamed(listing.body, ended(runnerId, "list"), media_type="application/json")
+
+    @api.get(
+        "/{runnerId}/files/raw",
+        summary="Download a file",
+        description=(
+            "The file's bytes, streamed, with Content-Length, `application/octet-stream` and "
+            "Content-Disposition. Beyond Poseidon: one `Range` (206; 416 beyond the end), "
+            "`If-Range` with the Last-Modified date. 424 when the path is missing, cannot be "
+            "read or is not a regular file. Restarts the runner's inactivity timer."
+        ),
+        response_class=Response,
+        responses={
+            200: {
+                "description": "The file.",
+                "content": {"application/octet-stream": {"schema": {"type": "string"}}},
+            },
+            206: {"description": "The requested range of the file."},
+            **responses(400, 410, 416, 424, 500, 503),
+        },
+    )
+    async def download(
+        runnerId: RunnerId,
+        request: Request,
+        path: RequiredPath,
+        privileged: Privileged = None,
+    ) -> Response:
+        view = await in_use(runnerId)
+        claim = view.job.claim
+        assert claim is not None
+        params = query(request)
+        try:
+            target = checked_path(params.get("path") or path)
+            file = await files.download(
+                claim.alloc_id,
+                target,
+                go_bool(params.get("privilegedExecution"), False),
+                request.headers.get("range"),
+                request.headers.get("if-range"),
+            )
+        except FileError as exc:
+            controller.claims.end_use(runnerId)
+            raise await answer(runnerId, "download", exc) from None
+        except ApiError:
+            controller.claims.end_use(runnerId)
+            count("download", "bad_request")
+            raise
+        except BaseException:
+            controller.claims.end_use(runnerId)
+            raise
+        headers = {
+            "Content-Length": str(file.length),
+            "Content-Disposition": content_disposition(target),
+            "Accept-Ranges": "bytes",
+            "Last-Modified": http_date(file.mtime),
+        }
+        if file.span is not None:
+            headers["Content-Range"] = file.span.content_range(file.size)
+        return Streamed(
+            file.body,
+            ended(runnerId, "download"),
+            status_code=206 if file.span else 200,
+            media_type="application/octet-stream",
+            headers=headers,
+        )
+
+    return api
+
+
+async def _spool(request: Request, spool: IO[bytes]) -> None:
+    async for chunk in request.stream():
+        if chunk:
+            spool.write(chunk)
+    spool.flush()  # parse and send read it with pread

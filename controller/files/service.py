@@ -1,0 +1,380 @@
+"""File operations as Nomad execs: copy (delete, then extract a tar), list,
+read. Each is one exec on the allocation the runner was claimed on, without
+a TTY; what the runner runs is in `scripts`.
+
+Errors say what the client can do about them: `NotFound` (424: the path is
+missing or cannot be read, or is not a file), `Conflict` (409: a path is a
+directory where a file must go, or the other way round), `Failed` (500: the
+runner could not do it; its own words), `ExecFailed` (Nomad refused or broke
+off the exec: the caller checks whether the runner was lost). A stream cut
+off after its answer started raises `Interrupted`: the server then ends the
+response early, so the client sees an incomplete body, never a short one
+that looks whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+)
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.execution.command import ExecSettings
+from controller.execution.relay import Execs, Session
+from controller.files import listing, scripts
+from controller.files.listing import Entry, Records
+from controller.files.ranges import Span, Unsatisfiable, requested
+from controller.files.tar import stream as tar_stream
+from controller.files.upload import Upload
+from controller.metrics import Metrics
+from controller.nomad.exec import ExecError, ExecEvent, Exited, Output
+
+log = logging.getLogger(__name__)
+
+STDIN_FRAME = 32 * 1024  # what Go's io.Copy (Nomad's own exec client) sends at once
+KEEP_OUTPUT = 64 * 1024  # of a failing command's output, for its message
+BODY_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class FileSettings:
+    exec: ExecSettings = field(default_factory=ExecSettings)
+    max_upload_bytes: int = 100 * 1024 * 1024
+
+
+class FileError(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class NotFound(FileError):
+    pass
+
+
+class Conflict(FileError):
+    pass
+
+
+class Failed(FileError):
+    pass
+
+
+class Interrupted(FileError):
+    pass
+
+
+class RangeNotSatisfiable(FileError):
+    def __init__(self, size: int) -> None:
+        super().__init__(f"the range lies beyond the file's {size} bytes")
+        self.size = size
+
+
+class ExecFailed(FileError):
+    def __init__(self, error: ExecError) -> None:
+        super().__init__(error.reason)
+        self.error = error
+
+
+@dataclass
+class Captured:
+    """What a short command printed (capped) and how it ended."""
+
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    code: int | None = None
+
+    def add(self, event: ExecEvent) -> None:
+        if isinstance(event, Output):
+            target = self.stdout if event.stream == "stdout" else self.stderr
+            target += event.data[: max(0, KEEP_OUTPUT - len(target))]
+        elif isinstance(event, Exited):
+            self.code = event.code
+
+    def message(self) -> str:
+        text = bytes(self.stderr).decode("utf-8", "replace").strip()
+        return text or f"exit code {self.code}"
+
+
+@dataclass(frozen=True)
+class Download:
+    """A file about to be streamed: 200 whole or 206 one span."""
+
+    size: int
+    mtime: int
+    span: Span | None
+    body: AsyncGenerator[bytes, None]
+
+    @property
+    def length(self) -> int:
+        return self.span.length if self.span else self.size
+
+
+@dataclass(frozen=True)
+class Listing:
+    body: AsyncGenerator[bytes, None]
+
+
+def _batched(pieces: Iterable[bytes], size: int) -> Iterator[bytes]:
+    buffer = bytearray()
+    for piece in pieces:
+        buffer += piece
+        while len(buffer) >= size:
+            yield bytes(buffer[:size])
+            del buffer[:size]
+    if buffer:
+        yield bytes(buffer)
+
+
+class Files:
+    def __init__(
+        self,
+        execs: Execs,
+        metrics: Metrics,
+        settings: FileSettings | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._execs = execs
+        self._metrics = metrics
+        self._settings = settings or FileSettings()
+        self._wall_clock = wall_clock
+
+    async def _open(self, alloc_id: str, command: list[str]) -> Session:
+        try:
+            return await self._execs.open(alloc_id, self._settings.exec.task, command, tty=False)
+        except ExecError as exc:
+            raise ExecFailed(exc) from None
+
+    # -- copy ------------------------------------------------------------------------
+
+    async def copy(self, alloc_id: str, spool: int, upload: Upload) -> None:
+        """Delete, then copy, as `upload` says (its contents in the spool `spool`)."""
+        session = await self._open(alloc_id, scripts.copy_command())
+        try:
+            result = Captured()
+            events = session.events()
+            archive = tar_stream(spool, upload, int(self._wall_clock()))
+            stdin = itertools.chain(scripts.copy_preamble(upload), archive)
+            sending = _send_all(session, _batched(stdin, STDIN_FRAME))
+            try:
+                await _run_with_input(events, result, sending)
+            except ExecError as exc:
+                raise ExecFailed(exc) from None
+        finally:
+            await session.close()
+        if result.code == 0:
+            return
+        if result.code == scripts.CONFLICT:
+            found = scripts.conflicts(bytes(result.stdout))
+            raise Conflict("; ".join(_conflict_message(d, p) for d, p in found) or result.message())
+        raise Failed(f"copying failed: {result.message()}")
+
+    # -- list ------------------------------------------------------------------------
+
+    async def listing(self, alloc_id: str, path: str, recursive: bool, privileged: bool) -> Listing:
+        """The listing, once it is known to exist (NotFound otherwise)."""
+        session = await self._open(alloc_id, scripts.list_command(privileged, self._settings.exec))
+        try:
+            events = session.events()
+            await session.send(scripts.list_input(path, recursive))
+            await session.close_stdin()
+            result = Captured()
+            first = b""
+            async for event in events:
+                if isinstance(event, Output) and event.stream == "stdout" and event.data:
+                    first = event.data
+                    break
+                result.add(event)
+            else:
+                if result.code != 0:
+                    raise NotFound(f"{path!r} cannot be listed: {result.message()}")
+        except ExecError as exc:
+            await session.close()
+            raise ExecFailed(exc) from None
+        except BaseException:
+            await session.close()
+            raise
+        return Listing(self._listing_body(session, events, first, path, recursive))
+
+    async def _listing_body(
+        self,
+        session: Session,
+        events: AsyncIterator[ExecEvent],
+        first: bytes,
+        path: str,
+        recursive: bool,
+    ) -> AsyncGenerator[bytes, None]:
+        records = Records()
+        count = 0
+        buffer = bytearray(listing.OPEN)
+
+        def add(data: bytes) -> None:
+            nonlocal count
+            for fields in records.feed(data):
+                item: Entry = listing.entry(fields, path, recursive)
+                if count:
+                    buffer.extend(b",")
+                buffer.extend(item.json())
+                count += 1
+
+        try:
+            add(first)
+            stderr = bytearray()
+            async for event in events:
+                if isinstance(event, Output):
+                    if event.stream == "stdout":
+                        add(event.data)
+                    else:
+                        stderr += event.data[: max(0, KEEP_OUTPUT - len(stderr))]
+                    if len(buffer) >= BODY_CHUNK:
+                        yield bytes(buffer)
+                        buffer.clear()
+                elif isinstance(event, Exited) and event.code != 0:
+                    # Poseidon's rule: once output started, a failure (an
+                    # unreadable subdirectory) leaves a partial listing.
+                    log.warning(
+                        "listing %r ended with exit code %d: %s",
+                        path,
+                        event.code,
+                        stderr.decode("utf-8", "replace").strip(),
+                    )
+            if records.partial:
+                raise Interrupted(f"the listing of {path!r} was cut off")
+            buffer.extend(listing.CLOSE)
+            yield bytes(buffer)
+        except ExecError as exc:
+            raise Interrupted(f"the listing of {path!r} broke off: {exc.reason}") from None
+        finally:
+            await session.close()
+
+    # -- read ------------------------------------------------------------------------
+
+    async def download(
+        self,
+        alloc_id: str,
+        path: str,
+        privileged: bool,
+        range_header: str | None = None,
+        if_range: str | None = None,
+    ) -> Download:
+        """The file's size and the body to stream; NotFound, or Unsatisfiable
+        (with the size) for a range beyond its end."""
+        session = await self._open(alloc_id, scripts.read_command(privileged, self._settings.exec))
+        try:
+            events = session.events()
+            await session.send(scripts.read_input(path))
+            result = Captured()
+            head = bytearray()
+            async for event in events:
+                if isinstance(event, Output) and event.stream == "stdout":
+                    head += event.data
+                    if b"\n" in head:
+                        break
+                else:
+                    result.add(event)
+            else:
+                if result.code in (scripts.IS_DIRECTORY, scripts.NOT_REGULAR):
+                    raise NotFound(f"{path!r} is not a file: {result.message()}")
+                raise NotFound(f"{path!r} cannot be read: {result.message()}")
+            line, _, rest = bytes(head).partition(b"\n")
+            size, mtime = scripts.parse_stat(line)
+            try:
+                span = requested(range_header, size, if_range, mtime)
+            except Unsatisfiable:
+                await session.close_stdin()
+                raise RangeNotSatisfiable(size) from None
+            start, length = (span.start, span.length) if span else (0, size)
+            await session.send(scripts.range_input(start, length))
+            await session.close_stdin()
+        except ExecError as exc:
+            await session.close()
+            raise ExecFailed(exc) from None
+        except BaseException:
+            await session.close()
+            raise
+        body = self._download_body(session, events, rest, length, path)
+        return Download(size, mtime, span, body)
+
+    async def _download_body(
+        self,
+        session: Session,
+        events: AsyncIterator[ExecEvent],
+        first: bytes,
+        length: int,
+        path: str,
+    ) -> AsyncGenerator[bytes, None]:
+        sent = 0
+        buffer = bytearray(first[:length])
+        try:
+            async for event in events:
+                if isinstance(event, Output) and event.stream == "stdout":
+                    buffer += event.data[: max(0, length - sent - len(buffer))]
+                    if len(buffer) >= BODY_CHUNK:
+                        sent += len(buffer)
+                        self._metrics.file_bytes.labels("download").inc(len(buffer))
+                        yield bytes(buffer)
+                        buffer.clear()
+            if buffer:
+                sent += len(buffer)
+                self._metrics.file_bytes.labels("download").inc(len(buffer))
+                yield bytes(buffer)
+            if sent < length:
+                raise Interrupted(f"{path!r} ended after {sent} of {length} bytes")
+        except ExecError as exc:
+            raise Interrupted(f"reading {path!r} broke off: {exc.reason}") from None
+        finally:
+            await session.close()
+
+
+def _conflict_message(directory_expected: bool, path: str) -> str:
+    if directory_expected:
+        return f"{path!r} is not a directory, but a copied path needs it to be one"
+    return f"{path!r} is a directory, where a file is to be copied: delete it first"
+
+
+async def _send_all(session: Session, frames: Iterator[bytes]) -> None:
+    for frame in frames:
+        await session.send(frame)
+    await session.close_stdin()
+
+
+async def _read_all(events: AsyncIterator[ExecEvent], result: Captured) -> None:
+    async for event in events:
+        result.add(event)
+
+
+async def _run_with_input(
+    events: AsyncIterator[ExecEvent], result: Captured, sending: Coroutine[Any, Any, None]
+) -> None:
+    """Read the command's events to its exit while its input is sent. Input
+    left unsent when it exits (it refused: a conflict) is dropped; input that
+    cannot be produced ends the wait with that error (the session is closed
+    by the caller, which ends the command's input)."""
+    sender = asyncio.ensure_future(sending)
+    reader = asyncio.ensure_future(_read_all(events, result))
+    try:
+        done, _ = await asyncio.wait({sender, reader}, return_when=asyncio.FIRST_COMPLETED)
+        if sender in done:
+            problem = sender.exception()
+            # A broken connection shows in the events too; anything else is ours.
+            if problem is not None and not isinstance(problem, ExecError):
+                raise problem
+        await reader
+    finally:
+        for task in (sender, reader):
+            if not task.done():
+                task.cancel()
+            # Cleanup only: what either raised was handled above.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

@@ -1,0 +1,250 @@
+"""The file service against scripted execs: how exits, breaks and short
+outputs become answers — in particular that nothing cut off ever looks whole,
+and that a copy never waits forever."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+import pytest
+
+from controller.files import scripts
+from controller.files.service import (
+    Conflict,
+    ExecFailed,
+    Failed,
+    Files,
+    Interrupted,
+    NotFound,
+    RangeNotSatisfiable,
+)
+from controller.files.upload import parse
+from controller.metrics import Metrics
+from controller.nomad.exec import ExecBroken, ExecEvent, Exited, Output, TaskNotRunning
+
+Script = list[ExecEvent | Exception]
+pytestmark = pytest.mark.anyio
+
+
+class FakeSession:
+    """Plays `script` once the command's input has ended (or at once, `eager`)."""
+
+    def __init__(self, script: Script, eager: bool) -> None:
+        self.script = script
+        self.stdin = bytearray()
+        self.stdin_closed = asyncio.Event()
+        self.closed = False
+        if eager:
+            self.stdin_closed.set()
+
+    async def send(self, data: bytes) -> None:
+        self.stdin += data
+
+    async def close_stdin(self) -> None:
+        self.stdin_closed.set()
+
+    async def events(self) -> AsyncIterator[ExecEvent]:
+        await self.stdin_closed.wait()
+        for step in self.script:
+            if isinstance(step, Exception):
+                raise step
+            yield step
+            if isinstance(step, Exited):
+                return
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class FakeExecs:
+    def __init__(self, script: Script, eager: bool = False, refuse: Exception | None = None):
+        self.script = script
+        self.eager = eager
+        self.refuse = refuse
+        self.sessions: list[FakeSession] = []
+        self.commands: list[Sequence[str]] = []
+
+    async def open(
+        self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
+    ) -> FakeSession:
+        assert not tty
+        self.commands.append(command)
+        if self.refuse is not None:
+            raise self.refuse
+        self.sessions.append(FakeSession(self.script, self.eager))
+        return self.sessions[-1]
+
+
+def out(data: bytes) -> Output:
+    return Output("stdout", data)
+
+
+def err(data: bytes) -> Output:
+    return Output("stderr", data)
+
+
+async def copy(execs: FakeExecs, body: Mapping[str, object]) -> None:
+    with tempfile.TemporaryFile() as spool:
+        spool.write(json.dumps(body).encode())
+        spool.flush()
+        await Files(execs, Metrics()).copy("alloc", spool.fileno(), parse(spool.fileno()))
+
+
+BODY = {"copy": [{"path": "a", "content": "aGk="}]}
+
+
+async def test_a_copy_sends_the_preamble_then_the_archive() -> None:
+    execs = FakeExecs([Exited(0)])
+    await copy(execs, BODY)
+    (session,) = execs.sessions
+    assert session.stdin.startswith(b"\0fa\0\0")  # no deletions; one check; then tar
+    assert session.stdin[5 : 5 + 100].rstrip(b"\0") == b"a"
+    assert session.closed
+    assert execs.commands == [scripts.copy_command()]
+
+
+async def test_a_conflict_names_the_path() -> None:
+    execs = FakeExecs([out(b"fa\0ddir\0"), Exited(scripts.CONFLICT)], eager=True)
+    with pytest.raises(Conflict, match=r"'a' is a directory.*'dir' is not a directory"):
+        await copy(execs, BODY)
+
+
+async def test_a_failed_copy_gives_its_stderr() -> None:
+    execs = FakeExecs([err(b"tar: a: Cannot open: Read-only file system\n"), Exited(1)])
+    with pytest.raises(Failed, match="Read-only file system"):
+        await copy(execs, BODY)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+async def test_a_broken_exec_is_exec_failed(eager: bool) -> None:
+    execs = FakeExecs([ExecBroken("gone")], eager=eager)
+    with pytest.raises(ExecFailed):
+        await copy(execs, BODY)
+
+
+async def test_a_refused_exec_is_exec_failed() -> None:
+    with pytest.raises(ExecFailed) as failed:
+        await copy(FakeExecs([], refuse=TaskNotRunning("task not running")), BODY)
+    assert isinstance(failed.value.error, TaskNotRunning)
+
+
+async def test_input_that_cannot_be_produced_does_not_leave_the_copy_waiting() -> None:
+    execs = FakeExecs([Exited(0)])  # would only answer after stdin closed
+    with tempfile.TemporaryFile() as spool:
+        spool.write(json.dumps(BODY).encode())
+        spool.flush()
+        upload = parse(spool.fileno())
+        spool.truncate(10)  # the spool lost the content: the archive cannot be produced
+        files = Files(execs, Metrics())
+        with pytest.raises(Exception, match="spool"):
+            await asyncio.wait_for(files.copy("alloc", spool.fileno(), upload), 5)
+    assert execs.sessions[0].closed
+
+
+async def body_of(stream: AsyncIterator[bytes]) -> bytes:
+    return b"".join([piece async for piece in stream])
+
+
+RECORD = b"-rw-r--r--\x005\x001700000000.5\x00root\x00root\x00\x00a\x00"
+
+
+async def test_a_listing_streams_entries() -> None:
+    execs = FakeExecs([out(RECORD[:7]), out(RECORD[7:] + RECORD), Exited(0)])
+    listing = await Files(execs, Metrics()).listing("alloc", "./", True, False)
+    entries = json.loads(await body_of(listing.body))["files"]
+    assert [e["name"] for e in entries] == ["./a", "./a"]
+    assert execs.sessions[0].stdin == b"./\x001\x00"
+
+
+async def test_a_listing_without_output_that_fails_is_not_found() -> None:
+    execs = FakeExecs([err(b"no such file or directory\n"), Exited(2)])
+    with pytest.raises(NotFound, match="no such file"):
+        await Files(execs, Metrics()).listing("alloc", "x", True, False)
+    assert execs.sessions[0].closed
+
+
+async def test_an_empty_listing() -> None:
+    listing = await Files(FakeExecs([Exited(0)]), Metrics()).listing("alloc", "x", True, False)
+    assert json.loads(await body_of(listing.body)) == {"files": []}
+
+
+async def test_a_listing_failing_after_output_keeps_what_it_has() -> None:
+    execs = FakeExecs([out(RECORD), err(b"find: 'x': Permission denied\n"), Exited(1)])
+    listing = await Files(execs, Metrics()).listing("alloc", "./", True, False)
+    assert len(json.loads(await body_of(listing.body))["files"]) == 1
+
+
+@pytest.mark.parametrize(
+    "tail", [[ExecBroken("gone")], [out(RECORD[:9]), Exited(0)]], ids=["broken", "half a record"]
+)
+async def test_a_listing_cut_off_is_interrupted(tail: Script) -> None:
+    execs = FakeExecs([out(RECORD), *tail])
+    listing = await Files(execs, Metrics()).listing("alloc", "./", True, False)
+    with pytest.raises(Interrupted):
+        await body_of(listing.body)
+    assert execs.sessions[0].closed
+
+
+class Interactive(FakeExecs):
+    """A read script: the stat line at once, the bytes once the span was sent."""
+
+    def __init__(self, content: bytes, tail: Script | None = None) -> None:
+        super().__init__([])
+        self.content = content
+        self.tail = tail
+
+    async def open(
+        self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
+    ) -> FakeSession:
+        session = await super().open(alloc_id, task, command, tty=tty)
+        outer = self
+
+        async def events() -> AsyncIterator[ExecEvent]:
+            yield out(f"{len(outer.content)} 1700000000\n".encode())
+            await session.stdin_closed.wait()  # the span follows the path
+            start, length = map(int, session.stdin.split(b"\0")[1].split())
+            data = outer.content[start : start + length]
+            for at in range(0, len(data), 1024):
+                yield out(data[at : at + 1024])
+            for step in outer.tail or [Exited(0)]:
+                if isinstance(step, Exception):
+                    raise step
+                yield step
+
+        session.events = events  # type: ignore[method-assign]
+        return session
+
+
+async def test_a_download_sends_exactly_the_span() -> None:
+    content = bytes(range(256)) * 100
+    file = await Files(Interactive(content), Metrics()).download("alloc", "f", False, "bytes=5-")
+    assert (file.size, file.mtime, file.length) == (len(content), 1700000000, len(content) - 5)
+    assert await body_of(file.body) == content[5:]
+
+
+async def test_a_range_beyond_the_end() -> None:
+    execs = Interactive(b"12345")
+    with pytest.raises(RangeNotSatisfiable) as refused:
+        await Files(execs, Metrics()).download("alloc", "f", False, "bytes=5-")
+    assert refused.value.size == 5
+
+
+async def test_a_download_that_ends_short_is_interrupted() -> None:
+    execs = Interactive(b"x" * 5000, tail=[ExecBroken("gone")])
+    file = await Files(execs, Metrics()).download("alloc", "f", False)
+    with pytest.raises(Interrupted):
+        await body_of(file.body)
+    assert execs.sessions[0].closed
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [(scripts.MISSING, "cannot be read"), (scripts.IS_DIRECTORY, "is not a file")],
+)
+async def test_what_cannot_be_downloaded(code: int, message: str) -> None:
+    execs = FakeExecs([err(b"why\n"), Exited(code)], eager=True)
+    with pytest.raises(NotFound, match=message):
+        await Files(execs, Metrics()).download("alloc", "f", False)
