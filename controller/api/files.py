@@ -24,8 +24,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import IO, Annotated, Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from typing import IO, Annotated, Any, TypeVar
 from urllib.parse import parse_qsl, quote_from_bytes
 
 import anyio
@@ -56,6 +56,7 @@ from controller.nomad.exec import ExecBroken, ExecForbidden
 from controller.reconcile.loop import Controller
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RunnerId = Annotated[str, Path(description="The runner's id (its Nomad job id).")]
 PathQuery = Annotated[
@@ -269,6 +270,26 @@ def router(
         count(operation, "failed")
         return ApiError(500, exc.message, ErrorCode.UNKNOWN)
 
+    async def opened(runner_id: str, operation: str, start: Callable[[str], Awaitable[T]]) -> T:
+        """`start(allocation id)` with the runner in use. If it fails, the use
+        ends and the failure becomes the answer; otherwise the response that
+        streams the result ends the use (`ended`)."""
+        view = await in_use(runner_id)
+        claim = view.job.claim
+        assert claim is not None
+        try:
+            return await start(claim.alloc_id)
+        except FileError as exc:
+            controller.claims.end_use(runner_id)
+            raise await answer(runner_id, operation, exc) from None
+        except ApiError:
+            controller.claims.end_use(runner_id)
+            count(operation, "bad_request")
+            raise
+        except BaseException:
+            controller.claims.end_use(runner_id)
+            raise
+
     def ended(runner_id: str, operation: str) -> Callable[[str], None]:
         def done(result: str) -> None:
             controller.claims.end_use(runner_id)
@@ -352,29 +373,18 @@ def router(
         recursive: Recursive = None,
         privileged: Privileged = None,
     ) -> Response:
-        # The runner first, then the path: Poseidon answers 410 before anything else.
-        view = await in_use(runnerId)
-        claim = view.job.claim
-        assert claim is not None
         params = query(request)
-        try:
-            target = checked_path(params.get("path") or "./")
-            listing = await files.listing(
-                claim.alloc_id,
-                target,
+        # The runner first, then the path: Poseidon answers 410 before anything else.
+        listing = await opened(
+            runnerId,
+            "list",
+            lambda alloc_id: files.listing(
+                alloc_id,
+                checked_path(params.get("path") or "./"),
                 go_bool(params.get("recursive"), True),
                 go_bool(params.get("privilegedExecution"), False),
-            )
-        except FileError as exc:
-            controller.claims.end_use(runnerId)
-            raise await answer(runnerId, "list", exc) from None
-        except ApiError:
-            controller.claims.end_use(runnerId)
-            count("list", "bad_request")
-            raise
-        except BaseException:
-            controller.claims.end_use(runnerId)
-            raise
+            ),
+        )
         gone = await lost_meanwhile(runnerId)
         if gone is not None:
             await listing.body.aclose()
@@ -408,29 +418,19 @@ def router(
         path: RequiredPath,
         privileged: Privileged = None,
     ) -> Response:
-        view = await in_use(runnerId)
-        claim = view.job.claim
-        assert claim is not None
         params = query(request)
-        try:
-            target = checked_path(params.get("path") or path)
-            file = await files.download(
-                claim.alloc_id,
-                target,
+        target = params.get("path") or path
+        file = await opened(
+            runnerId,
+            "download",
+            lambda alloc_id: files.download(
+                alloc_id,
+                checked_path(target),
                 go_bool(params.get("privilegedExecution"), False),
                 request.headers.get("range"),
                 request.headers.get("if-range"),
-            )
-        except FileError as exc:
-            controller.claims.end_use(runnerId)
-            raise await answer(runnerId, "download", exc) from None
-        except ApiError:
-            controller.claims.end_use(runnerId)
-            count("download", "bad_request")
-            raise
-        except BaseException:
-            controller.claims.end_use(runnerId)
-            raise
+            ),
+        )
         headers = {
             "Content-Length": str(file.length),
             "Content-Disposition": content_disposition(target),

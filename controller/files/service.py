@@ -185,7 +185,7 @@ class Files:
     async def listing(self, alloc_id: str, path: str, recursive: bool, privileged: bool) -> Listing:
         """The listing, once it is known to exist (NotFound otherwise)."""
         session = await self._open(alloc_id, scripts.list_command(privileged, self._settings.exec))
-        try:
+        async with _closed_on_failure(session):
             events = session.events()
             await session.send(scripts.list_input(path, recursive))
             await session.close_stdin()
@@ -199,12 +199,6 @@ class Files:
             else:
                 if result.code != 0:
                     raise NotFound(f"{path!r} cannot be listed: {result.message()}")
-        except ExecError as exc:
-            await session.close()
-            raise ExecFailed(exc) from None
-        except BaseException:
-            await session.close()
-            raise
         return Listing(self._listing_body(session, events, first, path, recursive))
 
     async def _listing_body(
@@ -271,7 +265,7 @@ class Files:
         """The file's size and the body to stream; NotFound, or Unsatisfiable
         (with the size) for a range beyond its end."""
         session = await self._open(alloc_id, scripts.read_command(privileged, self._settings.exec))
-        try:
+        async with _closed_on_failure(session):
             events = session.events()
             await session.send(scripts.read_input(path))
             result = Captured()
@@ -297,12 +291,6 @@ class Files:
             start, length = (span.start, span.length) if span else (0, size)
             await session.send(scripts.range_input(start, length))
             await session.close_stdin()
-        except ExecError as exc:
-            await session.close()
-            raise ExecFailed(exc) from None
-        except BaseException:
-            await session.close()
-            raise
         body = self._download_body(session, events, rest, length, path)
         return Download(size, mtime, span, body)
 
@@ -335,6 +323,20 @@ class Files:
             raise Interrupted(f"reading {path!r} broke off: {exc.reason}") from None
         finally:
             await session.close()
+
+
+@contextlib.asynccontextmanager
+async def _closed_on_failure(session: Session) -> AsyncIterator[None]:
+    """The opening of a streamed operation: if it fails, the session is closed
+    (on success the body's stream owns it)."""
+    try:
+        yield
+    except ExecError as exc:
+        await session.close()
+        raise ExecFailed(exc) from None
+    except BaseException:
+        await session.close()
+        raise
 
 
 def _conflict_message(directory_expected: bool, path: str) -> str:

@@ -322,18 +322,25 @@ def _path(events: _Events, where: str, event: str, region: Region | None) -> str
     return text
 
 
-def _deletions(events: _Events) -> list[str]:
+def _items(events: _Events, name: str, shape: str) -> Iterator[tuple[str, Region | None]]:
+    """The first event of each item of the array `name` (none for null)."""
     event, _ = events.next()
     if event == "null":
-        return []
+        return
     if event != "start_array":
-        raise BadUpload("delete must be an array of paths")
-    paths: list[str] = []
+        raise BadUpload(f"{name} must be {shape}")
     while True:
         event, region = events.next()
         if event == "end_array":
-            return paths
-        paths.append(_path(events, f"delete[{len(paths)}]", event, region))
+            return
+        yield event, region
+
+
+def _deletions(events: _Events) -> list[str]:
+    return [
+        _path(events, f"delete[{index}]", event, region)
+        for index, (event, region) in enumerate(_items(events, "delete", "an array of paths"))
+    ]
 
 
 def _content(events: _Events, where: str, path: str, region: Region) -> Content:
@@ -381,19 +388,12 @@ def _copy_item(events: _Events, index: int) -> Copy:
 
 
 def _copies(events: _Events) -> list[Copy]:
-    event, _ = events.next()
-    if event == "null":
-        return []
-    if event != "start_array":
-        raise BadUpload("copy must be an array of {path, content} objects")
     copies: list[Copy] = []
-    while True:
-        event, _ = events.next()
-        if event == "end_array":
-            return copies
+    for event, _ in _items(events, "copy", "an array of {path, content} objects"):
         if event != "start_map":
             raise BadUpload(f"copy[{len(copies)}] must be an object with a path")
         copies.append(_copy_item(events, len(copies)))
+    return copies
 
 
 def parse(fd: int) -> Upload:
