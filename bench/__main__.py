@@ -2,7 +2,7 @@
 write bench/results/<name>.json for each and print the table.
 
 Names: claims, convergence, event_to_ready, pass_cost, steady_load (which also
-writes memory), executions. A benchmark that breaks is reported and the others still run;
+writes memory), executions, files. A benchmark that breaks is reported and the others still run;
 the exit status is 0 unless one could not run at all (targets missed are
 reported, never a failure).
 """
@@ -22,6 +22,7 @@ from bench import (
     b4_pass_cost,
     b5_steady,
     b6_executions,
+    b7_files,
 )
 from bench.common import Result, machine, render_table, write_result
 
@@ -32,6 +33,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[Result]]] = {
     "pass_cost": lambda quick: [b4_pass_cost.run(quick)],
     "steady_load": b5_steady.run,  # steady_load and memory
     "executions": lambda quick: [b6_executions.run(quick)],
+    "files": lambda quick: [b7_files.run(quick)],
 }
 
 

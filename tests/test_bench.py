@@ -4,11 +4,15 @@ JSON each benchmark writes and the table. The benchmarks themselves run with
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import random
 from pathlib import Path
 
 import pytest
 
+from bench.b7_files import StreamedUpload, submission
 from bench.common import (
     Figure,
     Result,
@@ -87,3 +91,26 @@ def test_metric_sum_adds_the_samples_whose_labels_match() -> None:
     assert metric_sum(text, "nrc_claims_total") == 9.0
     assert metric_sum(text, "nrc_claims_total", {"outcome": "empty"}) == 2.0
     assert metric_sum(text, "nrc_missing") == 0.0
+
+
+def test_a_submission_deletes_everything_and_lists_its_directories_first() -> None:
+    body = json.loads(submission(files=7, directories=3, size=10))
+    assert body["delete"] == ["./*"]
+    paths = [item["path"] for item in body["copy"]]
+    assert paths[:3] == ["dir00/", "dir01/", "dir02/"]
+    assert paths[3:5] == ["dir00/file00000.txt", "dir01/file00001.txt"]
+    assert len(paths) == 10
+    assert all(len(base64.b64decode(item["content"])) == 10 for item in body["copy"][3:])
+
+
+@pytest.mark.parametrize("size", [0, 1, 5, 6, 7, 12, 13])
+def test_a_streamed_upload_is_the_json_of_its_file(size: int) -> None:
+    upload = StreamedUpload("up/a.bin", size, seed=3, block=6)
+    chunks = list(upload.chunks())
+    content = (random.Random(3).randbytes(6) * 3)[:size]
+    assert json.loads(b"".join(chunks)) == {
+        "copy": [{"path": "up/a.bin", "content": base64.b64encode(content).decode()}]
+    }
+    assert upload.length == sum(map(len, chunks))
+    assert upload.sha256 == hashlib.sha256(content).hexdigest()
+    assert all(len(c) <= 8 for c in chunks[1:-1])  # one block's base64 at a time
