@@ -16,8 +16,9 @@ CodeOcean does. Each part has a claimed runner of its own.
   the SHA-256 (against `sha256sum` in the runner) are checked.
 - The controller's RSS growth (peak while it runs minus before, sampled
   every 50 ms) during one PATCH of a single 100 MiB file (its base64 in the
-  JSON body, sent from a generator so this process never holds it) and
-  during the first download. A 100 MiB file is ~140 MB of JSON, above the
+  JSON body, sent from a generator so this process never holds it), during
+  the first download, and during a listing of 100,000 entries (made by an
+  execution), which streams through the controller. A 100 MiB file is ~140 MB of JSON, above the
   default NRC_FILES_MAX_UPLOAD, so the controller runs with a larger one.
 """
 
@@ -50,7 +51,7 @@ from bench.common import (
     wait_for,
 )
 
-RUNNERS = 4  # one per part: upload, listing, download, large upload
+RUNNERS = 5  # one per part: upload, listing, download, large upload, large listing
 MAX_UPLOAD = 200_000_000  # NRC_FILES_MAX_UPLOAD for the 100 MiB file's ~140 MB body
 UPLOADS = 5
 DOWNLOADS = 2
@@ -311,6 +312,26 @@ def downloads(ctl: Proc, api: Http, runner: str, size: int, times: int) -> dict[
     }
 
 
+def large_listing(ctl: Proc, api: Http, runner: str, entries: int) -> dict[str, Any]:
+    """A listing too large to hold: its entries are made by an execution, and
+    the controller's RSS is sampled while the JSON streams through it."""
+    shell(api, runner, f"mkdir many && cd many && seq 1 {entries} | xargs touch")
+    path = files_path(runner, path="many", recursive="true")
+    before = ctl.rss_mb()
+    with RssSampler(ctl, 0.05) as sampler:
+        got = transfer(api, "GET", path, keep=True)
+    if got.status != 200:
+        raise RuntimeError(f"GET {path}: {got.describe()}")
+    return {
+        "entries": entries,
+        "listed": len(json.loads(got.body)["files"]),
+        "seconds": got.seconds,
+        "body_bytes": got.received,
+        "rss_before_mb": before,
+        "rss_peak_mb": sampler.peak_mb,
+    }
+
+
 def large_upload(procs: tuple[Proc, Proc], api: Http, runner: str, size: int) -> dict[str, Any]:
     ctl = procs[0]
     body = StreamedUpload("upload.bin", size)
@@ -358,6 +379,7 @@ def run(quick: bool = False) -> Result:
             ctl, api, runners[2], int(200_000_000 * scale), 1 if quick else DOWNLOADS
         )
         details["large_upload"] = large_upload(both, api, runners[3], int(100 * 2**20 * scale))
+        details["large_listing"] = large_listing(ctl, api, runners[4], int(100_000 * scale))
         details["controller_output"] = ctl.drain()[-20:]
     result.details = details
     up = details["upload"]
@@ -421,6 +443,15 @@ def run(quick: bool = False) -> Result:
         "<= 30",
         note=f"{'right' if big['sha256_matches'] else 'WRONG'} bytes in the runner; "
         f"NRC_FILES_MAX_UPLOAD={MAX_UPLOAD}",
+    )
+    many = details["large_listing"]
+    result.add(
+        f"controller RSS growth, listing of {many['entries']:,} entries",
+        many["rss_peak_mb"] - many["rss_before_mb"],
+        "MB",
+        "<= 30",
+        note=f"{many['listed']:,} listed in {many['seconds']:.2f} s, "
+        f"{many['body_bytes'] / 1e6:.1f} MB of JSON",
     )
     cpu = big["cpu_s"]
     result.add(
