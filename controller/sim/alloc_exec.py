@@ -30,6 +30,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -151,8 +152,47 @@ class InputFrame:
     tty_size: tuple[int, int] | None = None
 
 
+# The frame that carries input as clients write it, `{"stdin":{"data":"<b64>"}}`,
+# with JSON's whitespace (Go's four characters) between the tokens and after
+# them: what comes before the string, and what comes from its closing quote on.
+_STDIN_HEAD = re.compile(
+    r'[ \t\n\r]*\{[ \t\n\r]*"stdin"[ \t\n\r]*:[ \t\n\r]*\{[ \t\n\r]*"data"[ \t\n\r]*:[ \t\n\r]*"'
+)
+_STDIN_TAIL = re.compile(r'"[ \t\n\r]*\}[ \t\n\r]*\}[ \t\n\r]*')
+
+
+def stdin_data(raw: str | bytes) -> InputFrame | None:
+    """An input frame of exactly that shape, read without the Go-compatible
+    decoder; None for anything else, which read_input then reads in full.
+    It gives what the full reading gives: the string runs to the first quote
+    after the head, and strict base64 admits only `A-Z a-z 0-9 + / =` in it,
+    so it holds no escape, control character or quote; the frame is then one
+    complete object holding one object holding that one string, whitespace
+    after it (which Go's decoder leaves unread), and Go decodes the string as
+    `_base64` does here, with nothing to skip."""
+    if not isinstance(raw, str):
+        return None
+    head = _STDIN_HEAD.match(raw)
+    if head is None:
+        return None
+    end = raw.find('"', head.end())
+    if end < 0 or _STDIN_TAIL.fullmatch(raw, end) is None:
+        return None
+    try:
+        data = binascii.a2b_base64(raw[head.end() : end], strict_mode=True)
+    except (binascii.Error, ValueError):
+        return None
+    return InputFrame(stdin=True, data=data)
+
+
 def decode_input(raw: str | bytes) -> InputFrame:
     """One client frame (drivers.ExecTaskStreamingRequestMsg); ValueError with Go's text."""
+    frame = stdin_data(raw)
+    return frame if frame is not None else read_input(raw)
+
+
+def read_input(raw: str | bytes) -> InputFrame:
+    """decode_input's full reading, as Go's decoder reads any frame."""
     msg = gojson.loads_message(raw)
     if msg is None:
         return InputFrame()
@@ -255,35 +295,49 @@ async def _pump_input(websocket: WebSocket, execution: Execution) -> str | None:
             execution.resize(*frame.tty_size)
 
 
+async def _pump_output(websocket: WebSocket, execution: Execution) -> bool:
+    """The command's frames to the client: True once the exit frame is sent,
+    False when the client is gone."""
+    frames = execution.frames
+    while True:
+        texts, last = await frames.get()
+        try:
+            for text in texts:
+                await websocket.send_text(text)
+        except (RuntimeError, OSError, WebSocketDisconnect):
+            return False
+        execution.consumed(texts)
+        if last:
+            return True
+
+
 async def bridge(websocket: WebSocket, execution: Execution) -> None:
+    """Both directions at once, one task each, until one ends: the exit frame
+    sent ends the exec without a close frame (Nomad closes the connection
+    itself); a client gone detaches the command; a frame that does not decode
+    ends it with 1011, output not sent by then dropped."""
     inbound = asyncio.ensure_future(_pump_input(websocket, execution))
+    outbound = asyncio.ensure_future(_pump_output(websocket, execution))
     try:
-        while True:
-            outbound = asyncio.ensure_future(execution.frames.get())
-            done, _ = await asyncio.wait({inbound, outbound}, return_when=asyncio.FIRST_COMPLETED)
-            if outbound in done:
-                text, last = outbound.result()
-                try:
-                    await websocket.send_text(text)
-                except (RuntimeError, OSError, WebSocketDisconnect):
-                    execution.detach()
-                    return
-                execution.consumed()
-                if last:
-                    return  # no close frame: Nomad closes the connection itself
-                continue
-            outbound.cancel()
-            problem = inbound.result()
-            execution.detach()
-            if problem is not None:
-                await close(websocket, 1011, problem)
+        done, _ = await asyncio.wait({inbound, outbound}, return_when=asyncio.FIRST_COMPLETED)
+        if outbound in done:
+            if not outbound.result():
+                execution.detach()
             return
+        outbound.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await outbound
+        problem = inbound.result()
+        execution.detach()
+        if problem is not None:
+            await close(websocket, 1011, problem)
     finally:
-        inbound.cancel()
-        with contextlib.suppress(
-            asyncio.CancelledError, RuntimeError, OSError, WebSocketDisconnect
-        ):
-            await inbound
+        for task in (inbound, outbound):
+            task.cancel()
+            with contextlib.suppress(
+                asyncio.CancelledError, RuntimeError, OSError, WebSocketDisconnect
+            ):
+                await task
 
 
 def exec_endpoint(sim: Simulator) -> Callable[[WebSocket], Awaitable[None]]:

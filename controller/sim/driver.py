@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import base64
 import contextlib
 import errno
 import fcntl
@@ -42,6 +41,7 @@ import termios
 import threading
 import uuid
 import weakref
+from binascii import b2a_base64
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -58,17 +58,22 @@ log = logging.getLogger(__name__)
 
 # Nomad reads exec output 1 KiB at a time (plugins/drivers/execstreaming.go),
 # so no data frame carries more than 1,024 bytes.
-READ_SIZE = 1024
+FRAME_SIZE = 1024
+# The simulator reads up to 64 KiB at once (a pipe's whole buffer) and cuts
+# it into frames of 1,024 bytes and a last shorter one: the frames that 64
+# reads of 1 KiB in a row would give, for one system call instead of 64.
+READ_SIZE = 64 * FRAME_SIZE
 # After the command's main process exits, how long its output may take to
 # reach end of file before the execution ends anyway: a background child that
 # inherited the pipe or the terminal would otherwise hold it open forever.
 DRAIN_S = 0.2
-# At that point at most this many reads more (1 MiB) of what is buffered.
-DRAIN_READS = 1024
+# At that point at most this much more (1 MiB) of what is buffered.
+DRAIN_BYTES = 1 << 20
 # A client that reads slower than the command writes: reading pauses once
-# this many frames wait and resumes below the low mark.
-QUEUE_HIGH = 64
-QUEUE_LOW = 16
+# this many frames wait and resumes at the low mark (a read's worth of
+# frames and more between them, so that one read does not pause at once).
+QUEUE_HIGH = 256
+QUEUE_LOW = 128
 # Input waiting for a command that does not read it: the client's frames are
 # not read further until it is below this.
 STDIN_HIGH = 1 << 20
@@ -102,8 +107,13 @@ class ExecRefused(Exception):
         self.text = text
 
 
-def data_frame(stream: str, data: bytes) -> str:
-    return f'{{"{stream}":{{"data":"{base64.b64encode(data).decode()}"}}}}'
+def data_frames(stream: str, data: bytes) -> list[str]:
+    """The data frames of one read: 1,024 bytes each, the last one shorter."""
+    head = f'{{"{stream}":{{"data":"'
+    return [
+        head + b2a_base64(data[at : at + FRAME_SIZE], newline=False).decode() + '"}}'
+        for at in range(0, len(data), FRAME_SIZE)
+    ]
 
 
 def close_frame(stream: str) -> str:
@@ -198,10 +208,11 @@ class _Stream:
 class Execution:
     """One command started by an exec request, and the frames it produces.
 
-    `frames` holds Nomad's output frames as JSON text with a flag marking the
-    last one (the exit frame): data frames, each stream's close frame, then
-    the exit frame, with 128+N as the exit code of a process killed by
-    signal N."""
+    `frames` holds Nomad's output frames as JSON text, in batches (a read's
+    data frames, or one frame) with a flag marking the last batch, the exit
+    frame: data frames, each stream's close frame, then the exit frame, with
+    128+N as the exit code of a process killed by signal N. The client's
+    side takes a batch whole and calls `consumed` once it is sent."""
 
     def __init__(
         self,
@@ -218,7 +229,8 @@ class Execution:
         self.pid = process.pid
         self.tty = tty
         self.loop = driver.loop
-        self.frames: asyncio.Queue[tuple[str, bool]] = asyncio.Queue()
+        self.frames: asyncio.Queue[tuple[list[str], bool]] = asyncio.Queue()
+        self._waiting = 0  # frames in `frames`
         self.attached = True
         self.exit_code: int | None = None
         self.finished = False
@@ -258,11 +270,11 @@ class Execution:
             self.loop.remove_reader(stream.fd)
             stream.reading = False
 
-    def _read(self, stream: _Stream) -> bytes | None:
+    def _read(self, stream: _Stream, size: int = READ_SIZE) -> bytes | None:
         """One read: bytes, b"" at end of file, None when nothing is there now."""
         assert stream.fd is not None
         try:
-            return os.read(stream.fd, READ_SIZE)
+            return os.read(stream.fd, size)
         except BlockingIOError:
             return None
         except OSError as exc:
@@ -278,21 +290,23 @@ class Execution:
         if not data:
             self._end_stream(stream)
         elif not stream.announced:
-            self._emit(data_frame(stream.name, data))
+            self._emit(data_frames(stream.name, data))
 
-    def _emit(self, text: str, last: bool = False) -> None:
+    def _emit(self, texts: list[str], last: bool = False) -> None:
         if not self.attached:
             return
-        self.frames.put_nowait((text, last))
-        if not self._paused and self.frames.qsize() >= QUEUE_HIGH:
+        self.frames.put_nowait((texts, last))
+        self._waiting += len(texts)
+        if not self._paused and self._waiting >= QUEUE_HIGH:
             self._paused = True
             for stream in self._streams:
                 if not stream.announced:
                     self._stop_reading(stream)
 
-    def consumed(self) -> None:
-        """The client took a frame: resume reading once it has caught up."""
-        if self._paused and self.frames.qsize() <= QUEUE_LOW:
+    def consumed(self, texts: list[str]) -> None:
+        """The client took a batch: resume reading once it has caught up."""
+        self._waiting -= len(texts)
+        if self._paused and self._waiting <= QUEUE_LOW:
             self._resume()
 
     def _resume(self) -> None:
@@ -302,7 +316,7 @@ class Execution:
 
     def _announce(self, stream: _Stream) -> None:
         stream.announced = True
-        self._emit(close_frame(stream.name))
+        self._emit([close_frame(stream.name)])
         # From now on what it gives is dropped, so it is read whatever the client does.
         self._start_reading(stream)
 
@@ -367,16 +381,18 @@ class Execution:
         buffered, announce the end of every stream, and finish."""
         self._deadline = None
         for stream in self._streams:
-            for _ in range(DRAIN_READS):
+            left = DRAIN_BYTES
+            while left > 0:
                 if stream.fd is None or stream.ended or stream.announced:
                     break
-                data = self._read(stream)
+                data = self._read(stream, min(READ_SIZE, left))
                 if data is None:
                     break
                 if not data:
                     self._end_stream(stream)
                 else:
-                    self._emit(data_frame(stream.name, data))
+                    left -= len(data)
+                    self._emit(data_frames(stream.name, data))
             if not stream.announced:
                 self._announce(stream)
         self._check_done()
@@ -389,7 +405,7 @@ class Execution:
             if self._deadline is not None:
                 self._deadline.cancel()
                 self._deadline = None
-            self._emit(exit_frame(self.exit_code), last=True)
+            self._emit([exit_frame(self.exit_code)], last=True)
         if self.finished and all(s.fd is None for s in self._streams):
             self.driver.retire(self)
 
@@ -468,6 +484,7 @@ class Execution:
         self.attached = False
         while not self.frames.empty():
             self.frames.get_nowait()
+        self._waiting = 0
         if self._paused:
             self._resume()
 

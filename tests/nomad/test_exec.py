@@ -12,6 +12,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Response
@@ -30,7 +32,9 @@ from controller.nomad.exec import (
     UnknownAllocation,
     Utf8Streams,
     classify_close,
+    output_frame,
     parse_frame,
+    read_frame,
 )
 
 Script = Callable[[ServerConnection], Awaitable[None]]
@@ -263,6 +267,73 @@ def test_parse_frame(raw: str, events: list[ExecEvent]) -> None:
 def test_parse_frame_rejects_what_is_not_nomad(raw: str) -> None:
     with pytest.raises(ExecRejected):
         parse_frame(raw)
+
+
+# -- output frames as Nomad writes them take a short way ------------------------------
+
+
+def reading(read: Callable[[str], list[ExecEvent]], raw: str) -> list[ExecEvent] | str:
+    """The events of a frame, or the text of its rejection."""
+    try:
+        return read(raw)
+    except ExecRejected as exc:
+        return f"rejected: {exc.reason}"
+
+
+@pytest.mark.parametrize(
+    ("raw", "short"),
+    [
+        ('{"stdout":{"data":"aGk="}}', True),
+        ('{"stderr":{"data":"aGk="}}', True),
+        ('{"stdout":{"data":"/+8A"}}', True),
+        ('{"stdout":{"data":"aGl="}}', True),  # trailing bits set: Go and Python agree
+        ('{"stdout":{"data":""}}', False),  # no data, no event
+        ('{"stdout":{"data":"aGk"}}', False),  # padding missing: not base64
+        ('{"stdout":{"data":"QQ==QQ=="}}', False),  # padding inside
+        ('{"stdout":{"data":"a Gk="}}', False),
+        ('{"stdout":{"data":"aGk=\\n"}}', False),  # an escape in the string
+        ('{"stdout":{"data":"a\\u0047k="}}', False),
+        ('{"stdout":{"data":"aGké"}}', False),
+        ('{"stdout": {"data": "aGk="}}', False),  # not as Nomad spaces it
+        ('{"stdout":{"data":"aGk="}} ', False),
+        ('{"stdout":{"data":"aGk=","close":true}}', False),
+        ('{"stdout":{"data":"aGk="},"exited":true}', False),
+        ('{"stdout":{"data":"aGk="}}}', False),  # not JSON
+        ('{"stdout":{"data":"aGk="]}', False),
+        ('{"stdout":{"data":"aGk=xyz', False),
+        ('{"stdout":{"data":"aG"}}{"stdout":{"data":"k="}}', False),  # two values
+        ('{"stdout":{"data":"}}', False),  # head and tail overlap
+        ('{"stdin":{"data":"aGk="}}', False),
+        ('{"Stdout":{"data":"aGk="}}', False),
+    ],
+)
+def test_output_frames_as_nomad_writes_them_take_the_short_way(raw: str, short: bool) -> None:
+    output = output_frame(raw)
+    assert (output is not None) == short
+    if output is not None:
+        assert [output] == read_frame(raw)
+    assert reading(parse_frame, raw) == reading(read_frame, raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    stream=st.sampled_from(["stdout", "stderr"]),
+    data=st.binary(min_size=1, max_size=1024),
+    edit=st.tuples(
+        st.integers(min_value=0),
+        st.sampled_from(["", '"', "\\", "=", "A", "}", "]", " "]),
+        st.booleans(),
+    ),
+)
+def test_the_short_way_reads_what_the_json_decoder_reads(
+    stream: str, data: bytes, edit: tuple[int, str, bool]
+) -> None:
+    raw = json.dumps({stream: {"data": b64(data)}}, separators=(",", ":"))
+    assert output_frame(raw) == Output(stream, data)  # type: ignore[arg-type]
+    # One character put in or replaced anywhere: the same events, or the same rejection.
+    at, char, replace = edit[0] % (len(raw) + 1), edit[1], edit[2]
+    changed = raw[:at] + char + raw[at + replace :]
+    assert reading(parse_frame, changed) == reading(read_frame, changed)
 
 
 def test_classify_close() -> None:

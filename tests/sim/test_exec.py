@@ -6,6 +6,7 @@ the simulator stops)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -17,11 +18,14 @@ from urllib.parse import urlencode
 import psutil
 import pytest
 import requests
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from controller.sim import SimConfig, SimServer
-from controller.sim.driver import marked_processes
+from controller.sim import SimConfig, SimServer, gojson
+from controller.sim.alloc_exec import InputFrame, decode_input, read_input, stdin_data
+from controller.sim.driver import FRAME_SIZE, data_frames, marked_processes
 from tests.conftest import FAST
 from tests.helpers import SECOND, Http, runner_job, wait_until
 
@@ -292,6 +296,157 @@ def test_a_frame_that_does_not_decode_ends_with_1011_and_gos_text(one: tuple[Sim
         1011,
         "invalid character 'n' looking for beginning of object key string",
     )
+
+
+@pytest.mark.parametrize("size", [1, 1023, 1024, 1025, 65536])
+def test_a_read_is_cut_into_frames_of_1024_bytes_as_nomads_reads_give(size: int):
+    data = os.urandom(size)
+    frames = data_frames("stderr", data)
+    chunks = [base64.b64decode(json.loads(f)["stderr"]["data"]) for f in frames]
+    assert b"".join(chunks) == data
+    assert [len(c) for c in chunks[:-1]] == [FRAME_SIZE] * (len(chunks) - 1)
+    assert 0 < len(chunks[-1]) <= FRAME_SIZE
+    first = {"stderr": {"data": base64.b64encode(data[:FRAME_SIZE]).decode()}}
+    assert frames[0] == json.dumps(first, separators=(",", ":"))
+
+
+# -- input frames: the short way, and Go's reading of everything else ---------------
+
+
+def reading(read: Callable[[str | bytes], InputFrame], raw: str | bytes) -> InputFrame | str:
+    """The frame as read, or Go's error text."""
+    try:
+        return read(raw)
+    except ValueError as exc:
+        return f"error: {exc}"
+
+
+@pytest.mark.parametrize(
+    ("raw", "short"),
+    [
+        ('{"stdin":{"data":"aGk="}}', True),  # as Nomad's CLI writes it
+        ('{"stdin": {"data": "aGk="}}', True),  # as Python's json.dumps does
+        ('\t{ "stdin" :\n{ "data" :\r"aGk=" } } \n', True),
+        ('{"stdin":{"data":""}}', True),
+        ('{"stdin":{"data":"aGl="}}', True),  # trailing bits set: Go takes it
+        ('{"stdin":{"data":"aGk"}}', False),  # Go's base64 error
+        ('{"stdin":{"data":"aGk=\\n"}}', False),  # Go skips the newline
+        ('{"stdin":{"data":"aGk\\u003d"}}', False),
+        ('{"stdin":{"data":"aGké"}}', False),
+        ('{"stdin":{"data":"aGk=","close":true}}', False),
+        ('{"stdin":{"close":true,"data":"aGk="}}', False),
+        ('{"Stdin":{"data":"aGk="}}', False),  # Go matches keys in any case
+        ('{"stdin":{"data":"aGk="},"stdin":{"data":"b2s="}}', False),  # the last wins
+        ('{"stdin":{"data":"aGk="}}{"nope"', False),  # Go reads the first value only
+        ('{"stdin":{"data":"aGk="}}\x0b', False),
+        ('{"stdin":{"data":"aGk="}', False),  # unexpected EOF
+        ('{"stdin":{"data":"aGk="}}}', False),
+        ('{"tty_size":{"height":40,"width":100}}', False),
+        ("{}", False),
+        (b'{"stdin":{"data":"aGk="}}', False),  # a binary message
+    ],
+)
+def test_input_frames_as_clients_write_them_take_the_short_way(raw: str | bytes, short: bool):
+    frame = stdin_data(raw)
+    assert (frame is not None) == short
+    if frame is not None:
+        assert frame == read_input(raw)
+    assert reading(decode_input, raw) == reading(read_input, raw)
+
+
+SPACE = st.text(alphabet=" \t\n\r", max_size=2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    spaces=st.lists(SPACE, min_size=10, max_size=10),
+    keys=st.tuples(st.sampled_from(["stdin", "Stdin"]), st.sampled_from(["data", "Data", "close"])),
+    data=st.binary(max_size=100),
+    edit=st.tuples(
+        st.integers(min_value=0),
+        st.sampled_from(["", '"', "\\", "=", "A", "}", "]", "\n", "\x0b"]),
+        st.booleans(),
+    ),
+)
+def test_the_short_way_reads_what_gos_decoder_reads(
+    spaces: list[str], keys: tuple[str, str], data: bytes, edit: tuple[int, str, bool]
+):
+    value = base64.b64encode(data).decode()
+    tokens = ["{", f'"{keys[0]}"', ":", "{", f'"{keys[1]}"', ":", f'"{value}"', "}", "}", ""]
+    raw = "".join(space + token for space, token in zip(spaces, tokens, strict=True))
+    if keys == ("stdin", "data"):
+        assert stdin_data(raw) == InputFrame(stdin=True, data=data)
+    # One character put in or replaced anywhere: the same frame, or the same error.
+    at, char, replace = edit[0] % (len(raw) + 1), edit[1], edit[2]
+    for frame in (raw, raw[:at] + char + raw[at + replace :]):
+        short = stdin_data(frame)
+        if short is not None:
+            assert short == read_input(frame)
+        assert reading(decode_input, frame) == reading(read_input, frame)
+
+
+def scanned(data: bytes) -> tuple[int | None, str | None]:
+    """Go's scanner fed every byte of a message, one at a time, as a
+    json.Decoder does: where its first value ends (None: it does not) and the
+    syntax error that stops it first."""
+    scanner = gojson._Scanner()
+    step: gojson.Step = scanner.begin_value
+    for i, c in enumerate(data):
+        if scanner.ended():
+            return i, None
+        try:
+            step = step(c)
+        except gojson.GoSyntaxError as exc:
+            return (i, None) if scanner.ended() else (None, str(exc))
+    with contextlib.suppress(gojson.GoSyntaxError):
+        step(ord(" "))  # the end of the input completes a bare number
+    return (len(data), None) if scanner.ended() else (None, None)
+
+
+def checked(data: bytes) -> str | None:
+    """Go's scanner fed every byte, as json.Unmarshal's check does: its error."""
+    scanner = gojson._Scanner()
+    step: gojson.Step = scanner.begin_value
+    try:
+        for c in data:
+            step = step(c)
+        if not scanner.ended():
+            step(ord(" "))
+    except gojson.GoSyntaxError as exc:
+        return str(exc)
+    return None if scanner.ended() else "unexpected end of JSON input"
+
+
+# Bytes of JSON text, and a string's own: escapes, quotes, control and UTF-8 bytes.
+JSON_BYTES = st.sampled_from([*b'{}[]":,\\ \n0123456789-.eEtrufalsn', 0x01, 0xC3, 0xA9, 0xFF])
+STRING_BYTES = st.sampled_from([*b'"\\ubfnrt/0aF9 ', 0x00, 0x1F, 0x7F, 0xC3, 0xA9, 0xFF])
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.one_of(
+        st.lists(JSON_BYTES, max_size=40).map(bytes),
+        st.tuples(st.lists(STRING_BYTES, max_size=20), st.lists(JSON_BYTES, max_size=4)).map(
+            lambda parts: b'["' + bytes(parts[0]) + b'",1]' + bytes(parts[1])
+        ),
+    )
+)
+def test_the_scanner_skips_plain_string_bytes_without_changing_its_reading(data: bytes):
+    def outcome(read: Callable[[bytes], Any]) -> tuple[str, Any]:
+        try:
+            return "value", read(data)
+        except gojson.GoSyntaxError as exc:
+            return "error", str(exc)
+
+    end, error = scanned(data)
+    if end is None:
+        assert outcome(gojson.loads_message) == ("error", error or "unexpected EOF")
+    else:
+        text = data[:end].decode("utf-8", "replace")
+        value = json.loads(text, parse_int=gojson.Number, parse_float=gojson.Number)
+        assert outcome(gojson.loads_message) == ("value", value)
+    error = checked(data)
+    assert outcome(gojson.check_syntax) == (("value", None) if error is None else ("error", error))
 
 
 # -- errors --------------------------------------------------------------------------
