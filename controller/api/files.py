@@ -21,9 +21,11 @@ those bytes, and a listing's `\\udcXX` names map back to them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import tempfile
+import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import IO, Annotated, Any, TypeVar
 from urllib.parse import parse_qsl, quote_from_bytes
@@ -57,6 +59,9 @@ from controller.reconcile.loop import Controller
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# After a failure, the runner is read again after these waits (0.85 s in all)
+# before the failure is believed (see `lost_meanwhile`).
+SETTLE_S = (0.1, 0.25, 0.5)
 
 RunnerId = Annotated[str, Path(description="The runner's id (its Nomad job id).")]
 PathQuery = Annotated[
@@ -138,6 +143,38 @@ def content_disposition(path: str) -> str:
     return value
 
 
+class CutResponses(logging.Filter):
+    """Drops uvicorn's ERROR "ASGI callable returned without completing
+    response." once for each response `Streamed` cut off on purpose: under
+    ASGI, returning without completing is the only way to end a connection
+    early, and our own warning already says why. Installed once on uvicorn's
+    error logger (logging is process-wide); any other such error still shows."""
+
+    MESSAGE = "ASGI callable returned without completing response."
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._expected = 0
+
+    def expect(self) -> None:
+        with self._lock:
+            self._expected += 1
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() != self.MESSAGE:
+            return True
+        with self._lock:
+            if self._expected == 0:
+                return True
+            self._expected -= 1
+            return False
+
+
+CUT_RESPONSES = CutResponses()
+logging.getLogger("uvicorn.error").addFilter(CUT_RESPONSES)
+
+
 class Streamed(StreamingResponse):
     """A response whose body comes from `body` as it is produced. If the body
     breaks off (Interrupted) the response ends without completing, and the
@@ -184,6 +221,7 @@ class Streamed(StreamingResponse):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except Interrupted as exc:
             log.warning("cut off a response: %s", exc.message)
+            CUT_RESPONSES.expect()
             return "interrupted"
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return "ok"
@@ -207,27 +245,35 @@ def router(
             raise ApiError(410, expired_message(runner_id, claim.timeout))
         return view
 
-    async def lost_meanwhile(runner_id: str) -> ApiError | None:
+    async def lost_meanwhile(runner_id: str, settle: bool = False) -> ApiError | None:
         """The runner's 410 if Nomad, read again now, shows it was reset (or
         gone): an answer that may come from a reset file system — a missing
         path, an empty listing, a copy into a fresh directory — must not reach
         the client as if the runner were still what it claimed. None when it
-        is still claimed, or Nomad cannot be read (the answer stands)."""
-        try:
-            await run_in_threadpool(controller.observer.reread, [runner_id])
-        except Exception as exc:
-            log.warning("reading runner %s again from Nomad: %s", runner_id, exc)
-            return None
-        try:
-            await run_in_threadpool(claimed_runner, controller, runner_id)
-        except ApiError as gone:
-            return gone
+        is still claimed, or Nomad cannot be read (the answer stands).
+
+        `settle`, for a failure (a path missing, the exec refused or killed):
+        Nomad's servers hear of a restart a little after it happened (a
+        client reports its allocations in batches; a lagging server answers
+        from before), so the runner is read again a few times over
+        `SETTLE_S` before the failure is believed."""
+        for wait_s in (0.0, *SETTLE_S) if settle else (0.0,):
+            await asyncio.sleep(wait_s)
+            try:
+                await run_in_threadpool(controller.observer.reread, [runner_id])
+            except Exception as exc:
+                log.warning("reading runner %s again from Nomad: %s", runner_id, exc)
+                return None
+            try:
+                await run_in_threadpool(claimed_runner, controller, runner_id)
+            except ApiError as gone:
+                return gone
         return None
 
     async def exec_failed(runner_id: str, failure: ExecFailed) -> ApiError:
         """The answer for an exec Nomad refused or broke off: the runner's 410
         if it was lost meanwhile, else Nomad's error."""
-        gone = await lost_meanwhile(runner_id)
+        gone = await lost_meanwhile(runner_id, settle=True)
         if gone is not None:
             return gone
         error = failure.error
@@ -254,7 +300,7 @@ def router(
             count(operation, "lost" if error.status == 410 else "nomad_error")
             return error
         if isinstance(exc, NotFound | Conflict | Failed):
-            gone = await lost_meanwhile(runner_id)
+            gone = await lost_meanwhile(runner_id, settle=not isinstance(exc, Conflict))
             if gone is not None:
                 count(operation, "lost")
                 return gone

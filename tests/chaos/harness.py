@@ -6,7 +6,8 @@ to its API, and Nomad's own record of what happened.
 - `Ledger`: a listener on the simulator's state store that sees every write
   Nomad commits (before the write's HTTP answer leaves): runner jobs created,
   claimed, ended and purged, pool sizes of the templates, which node every
-  allocation is on. It is Nomad's side of every invariant ("Nomad agrees").
+  allocation is on and how often its task started. It is Nomad's side of
+  every invariant ("Nomad agrees").
 - `nomad_state`: one consistent snapshot of the simulator's jobs,
   allocations and nodes, read on its own loop (no HTTP, so no injected fault
   can blur the final checks).
@@ -24,6 +25,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,6 +120,7 @@ class RunnerRecord:
     env_id: int
     claims: int = 0  # writes that turned used=false into used=true
     claim_alloc: str = ""
+    claim_restarts: int = 0  # of claim_alloc's task when it was claimed
     lost_reason: str = ""
     purged_index: int = 0
     purged_idle: bool = False  # deleted while nobody held it
@@ -133,6 +136,10 @@ class Ledger:
     created: Counter[int] = field(default_factory=Counter)
     pool_increases: Counter[int] = field(default_factory=Counter)
     alloc_node: dict[str, str] = field(default_factory=dict)
+    # Allocation → (ClientStatus/DesiredStatus, task restarts), as last committed,
+    # and when (monotonic) its task last restarted.
+    alloc_life: dict[str, tuple[str, int]] = field(default_factory=dict)
+    alloc_restarted: dict[str, float] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -147,6 +154,33 @@ class Ledger:
     def node_of(self, alloc_id: str) -> str:
         with self._lock:
             return self.alloc_node.get(alloc_id, "")
+
+    def claim_reset(self, job_id: str) -> bool:
+        """Whether Nomad shows the file system a claim was made on reset or
+        going: its task restarted since, or its allocation no longer runs."""
+        with self._lock:
+            rec = self.runners.get(job_id)
+            if rec is None or not rec.claim_alloc:
+                return False
+            status, restarts = self.alloc_life.get(rec.claim_alloc, ("deleted", 0))
+        return restarts > rec.claim_restarts or status != "running/run"
+
+    def file_system(self, job_id: str, sent: float) -> str:
+        """What Nomad says about the file system a claim was made on, for a
+        request sent at `sent` (monotonic): whether its task restarted since
+        the claim (a reset), and how long before the request."""
+        with self._lock:
+            rec = self.runners.get(job_id)
+            if rec is None or not rec.claim_alloc:
+                return "Nomad has no claim of it"
+            status, restarts = self.alloc_life.get(rec.claim_alloc, ("deleted", 0))
+            restarted = self.alloc_restarted.get(rec.claim_alloc)
+            lost = f"loss recorded: {rec.lost_reason}" if rec.lost_reason else "no loss recorded"
+        story = f"claimed on allocation {rec.claim_alloc[:8]} at {rec.claim_restarts} restarts"
+        story += f", now {status} at {restarts} restarts"
+        if restarts > rec.claim_restarts and restarted is not None:
+            story += f" (the last {sent - restarted:.3f}s before the read was sent)"
+        return f"Nomad: {story}; {lost}"
 
     def all_runners(self) -> list[RunnerRecord]:
         with self._lock:
@@ -163,7 +197,12 @@ class Ledger:
             for ch in commit.changes:
                 if ch.table == ALLOCS:
                     if ch.after is not None:
-                        self.alloc_node[ch.after.id] = ch.after.node_id
+                        a = ch.after
+                        self.alloc_node[a.id] = a.node_id
+                        restarts = sum(state.restarts for _, state in a.task_states)
+                        if restarts > self.alloc_life.get(a.id, ("", 0))[1]:
+                            self.alloc_restarted[a.id] = time.monotonic()
+                        self.alloc_life[a.id] = (f"{a.client_status}/{a.desired_status}", restarts)
                     else:
                         purged_allocs.setdefault(ch.before.job_id, []).append(ch.before)
             for ch in commit.changes:
@@ -217,6 +256,7 @@ class Ledger:
         if not was_used and is_used:
             rec.claims += 1
             rec.claim_alloc = new.get("nrc_claim_alloc", "")
+            rec.claim_restarts = int(new.get("nrc_claim_restarts") or 0)
             if rec.claims > 1:
                 self.violations.append(
                     f"invariant 1: Nomad: runner {job_id} was claimed {rec.claims} times"
@@ -361,8 +401,13 @@ class LogLine:
 class ControllerProcess:
     """`python -m controller run` against the simulator; restartable on one port."""
 
-    def __init__(self, nomad_address: str, log_dir: Path, prelude: str = "") -> None:
+    def __init__(
+        self, nomad_address: str, log_dir: Path, prelude: str = "", wrapper: str = "none"
+    ) -> None:
         self.nomad_address = nomad_address
+        # NRC_EXEC_UNPRIVILEGED_WRAPPER: the simulator's stand-in for /sbin/setuser,
+        # which this host does not have (as `nomad-runner-controller dev` sets it).
+        self.wrapper = wrapper
         # Python run before `run` starts (a mutant, tests/chaos/mutants.py), or nothing.
         self.prelude = prelude
         self.port = listening_port()
@@ -385,6 +430,7 @@ class ControllerProcess:
             **CONTROLLER_ENV,
             "NOMAD_ADDR": self.nomad_address,
             "NRC_API_PORT": str(self.port),
+            "NRC_EXEC_UNPRIVILEGED_WRAPPER": self.wrapper,
         }
         with path.open("wb") as out:
             command = ["-c", self.prelude] if self.prelude else ["-m", "controller", "run"]
@@ -456,8 +502,8 @@ class ControllerProcess:
 
 @dataclass(frozen=True)
 class Answer:
-    status: int  # 0: no answer (connection refused or reset, timeout)
-    body: Any
+    status: int  # 0: no answer (connection refused or reset, timeout, a body cut short)
+    body: Any  # JSON, text, or the bytes of a download (`Api.download`)
 
     def message(self) -> str:
         return str(self.body.get("message", "")) if isinstance(self.body, dict) else ""
@@ -475,6 +521,21 @@ class Api:
             response = self.session.request(method, self.base + path, json=body, timeout=timeout)
         except requests.RequestException:
             return Answer(0, None)
+        return self._answer(response)
+
+    def download(self, path: str, timeout: float = 5.0) -> Answer:
+        """A GET whose 200 body is kept as bytes; other answers as `call` gives them.
+        A body shorter than its Content-Length (a download cut off) is no answer."""
+        try:
+            response = self.session.get(self.base + path, timeout=timeout)
+        except requests.RequestException:
+            return Answer(0, None)
+        if response.status_code == 200:
+            return Answer(200, response.content)
+        return self._answer(response)
+
+    @staticmethod
+    def _answer(response: requests.Response) -> Answer:
         try:
             data = response.json() if response.content else None
         except ValueError:

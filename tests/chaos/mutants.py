@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tests.chaos.actors import DATA
+
 # Starts the controller after the mutant's patch, as `python -m controller run` would.
 LAUNCH = "\nfrom controller.cli import main\nraise SystemExit(main(['run']))\n"
 
@@ -21,6 +23,11 @@ class Mutant:
     breaks: str  # the text a violation must contain ("invariant 3", ...)
     patch: str
 
+
+NO_LOSS_DETECTION = """
+from controller.reconcile import derive
+derive._reset = lambda *args: None
+"""
 
 MUTANTS = (
     Mutant(
@@ -52,9 +59,34 @@ claims.Claims._try_claim = _try_claim
         "no_loss_detection",
         # derive never says a claimed runner's file system was reset.
         "invariant 3",
+        NO_LOSS_DETECTION,
+    ),
+    Mutant(
+        "no_loss_detection_seen_in_data",
+        # The same mutant, caught by the marker files alone (whatever else sees it).
+        DATA,
+        NO_LOSS_DETECTION,
+    ),
+    Mutant(
+        "restarts_not_losses",
+        # derive ignores a restart in place (crash, OOM kill): the runner goes on
+        # being served from the allocation it was claimed on, with a fresh file
+        # system. Nothing but the data shows it.
+        DATA,
         """
+from controller.model import LossReason
 from controller.reconcile import derive
-derive._reset = lambda *args: None
+
+_reset = derive._reset
+
+def _ignoring_restarts(job, allocs, current, phase):
+    reason = _reset(job, allocs, current, phase)
+    in_place = current is not None and job.claim is not None and current.id == job.claim.alloc_id
+    if in_place and reason in (LossReason.RESTARTED, LossReason.OOM_KILLED):
+        return None
+    return reason
+
+derive._reset = _ignoring_restarts
 """,
     ),
     Mutant(
@@ -77,10 +109,12 @@ claims.Claims.touch = lambda self, runner_id: None
     ),
     Mutant(
         "inactivity_never_expires",
+        # The release of an expired claim is never decided (Claims.expired, which
+        # this patched before, no longer exists: the mutant had become a no-op).
         "invariant 4",
         """
 from controller.reconcile import claims
-claims.Claims.expired = lambda self, view, now_ns: False
+claims.Claims.begin_expiry = lambda self, view, now_ns: False
 """,
     ),
 )

@@ -7,7 +7,9 @@ The invariants (docs/reliability.md has the full text):
    runner job, never a claim over a claim);
 2. a claimed runner never becomes idle again, in Nomad or in the statistics;
 3. a runner a client holds answers from the allocation it was claimed on, or
-   410 with a reason the scenario explains; it never vanishes;
+   410 with a reason the scenario explains; it never vanishes; and on the data
+   itself (`invariant 3 (data)`): the marker file written after the claim reads
+   back byte for byte, or the runner answers 410 with its loss (tests/chaos/actors.py);
 4. after quiescence every pool converges to exactly `prewarmingPoolSize`
    ready idle runners and Nomad holds nothing else but claims and lost
    runners on their way out (no leaks);
@@ -18,6 +20,7 @@ The invariants (docs/reliability.md has the full text):
 from __future__ import annotations
 
 import re
+import shlex
 import threading
 import time
 from collections import Counter
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controller.sim import SimConfig, SimServer
-from tests.chaos.actors import Book, Client, FaultLog, Operator
+from tests.chaos.actors import Book, Client, FaultLog, Operator, read_marker
 from tests.chaos.harness import (
     Api,
     ControllerProcess,
@@ -93,6 +96,9 @@ class ChaosResult:
             f"created {self.created} ≤ needed {self.needed}, losses [{losses}], "
             f"{self.counts['stuck_stopping']} allocations stuck stopping (open simulator "
             "issue); "
+            f"markers: {self.counts['marker_written']} written, "
+            f"{self.counts['marker_read']} read back; open file route issues: "
+            f"{self.counts['marker_stale_reread']} reads answered 424 after a stale re-read; "
             f"{self.total_s:.1f}s in all"
         )
 
@@ -188,7 +194,10 @@ class ChaosRun:
         self.ledger.install(self.server)
         self.faults = FaultLog()
         self.book = Book(self.ledger, self.faults)
-        self.controller = ControllerProcess(self.server.address, self.log_dir, self.prelude)
+        setuser = self.server.call(lambda: self.server.sim.setuser_path)
+        self.controller = ControllerProcess(
+            self.server.address, self.log_dir, self.prelude, wrapper=f"{shlex.quote(setuser)} user"
+        )
         try:
             self._run()
         finally:
@@ -271,10 +280,12 @@ class ChaosRun:
         result.violations = result.violations + self.ledger.problems() + self.book.violations
 
     def _check_clients(self, api: Api) -> None:
-        """Invariant 3, for good: every runner still held answers as it should."""
+        """Invariant 3, for good: every runner still held answers as it should,
+        and so does its marker (its bytes, or the 410 of its loss)."""
         for held in self.book.all_held():
             sent = time.monotonic()
             self.book.judge(held, sent, api.call("GET", f"/api/v1/runners/{held.runner_id}"), True)
+            read_marker(api, self.book, held, final=True)
 
     def _check_nomad(self, state: NomadState) -> None:
         # Allocations told to stop that still run: the simulator's known issue

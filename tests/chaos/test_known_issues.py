@@ -4,20 +4,38 @@ Open ones are marked xfail(strict=True): the day a fix lands, the test
 passes, the strict xfail fails the suite, and whoever fixed it removes the
 mark here. The three controller bugs are fixed and these are now their
 regression tests; the chaos runs treat each of them as a violation again.
+The marker files of the chaos runs found more, in the file routes: fixed are
+a read that met a reset file system answering 424, not 410, and a cut-off
+download logged at ERROR by uvicorn; open is the same 424 when Nomad's reads
+lag, tolerated in the chaos runs as narrowly as it can be
+(`Book.judge_marker`) until it is fixed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import contextlib
-from collections.abc import Callable, Iterator
+import logging
+import random
+import threading
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+import requests
+import uvicorn
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from controller.api.app import create_app
+from controller.api.files import Streamed
+from controller.execution.relay import Session
+from controller.files.service import Files, Interrupted
 from controller.model import Environment, LossReason
 from controller.nomad.client import NomadClient
+from controller.nomad.exec import ExecClient, ExecEvent, Exited
 from controller.reconcile.loop import Controller, ControllerSettings
 from controller.reconcile.plan import Plan, PlanInput, plan
 from controller.sim import SimServer
@@ -144,3 +162,186 @@ def test_migrated_allocation_completes_when_its_job_stops_first(make_sim: MakeSi
     # Stop the job while the replacement is still starting (startup takes 300 ms).
     assert http.request("DELETE", f"/v1/job/{job_id}").status_code == 200
     wait_until(lambda: http.alloc(old["ID"])["ClientStatus"] == "complete", timeout=3)
+
+
+@contextlib.contextmanager
+def marker_after_a_restart(
+    sim: SimServer, env: Environment
+) -> Iterator[tuple[TestClient, str, float]]:
+    """A claimed runner that was given a marker file, whose task then crashed and
+    was restarted in place by Nomad (a fresh working directory), unseen by the
+    controller (it has not listed Nomad since): the API, the marker's URL and
+    when the crash was (monotonic)."""
+    with filled_controller(sim, env) as c:
+        runner = c.claims.claim(env.id, timeout_s=0)
+        assert runner.alloc is not None
+        api = TestClient(
+            create_app(c, file_service=Files(ExecClient(address=sim.address), c.metrics))
+        )
+        files = f"/api/v1/runners/{runner.id}/files"
+        raw = f"{files}/raw?path=marker&privilegedExecution=true"
+        marker = {"path": "marker", "content": base64.b64encode(b"mine").decode()}
+        assert api.patch(files, json={"copy": [marker]}).status_code == 204
+        assert api.get(raw).content == b"mine"
+        alloc = runner.alloc.id
+        crashed_at = time.monotonic()
+        crash = Http(sim.address).request("POST", f"/_sim/allocation/{alloc}/crash")
+        assert crash.status_code == 200, crash.text
+
+        def restarted() -> bool:
+            a = sim.call(lambda: sim.sim.store.allocs[alloc])
+            return bool(
+                a.client_status == "running"
+                and all(t.state == "running" and t.restarts >= 1 for _, t in a.task_states)
+            )
+
+        wait_until(restarted, timeout=5, interval=0.02)
+        yield api, raw, crashed_at
+
+
+def test_a_read_after_an_unobserved_restart_answers_410_not_424(make_sim: MakeSim) -> None:
+    sim = make_sim()
+    with marker_after_a_restart(
+        sim, Environment(id=6, image="python:3.12", prewarming_pool_size=1)
+    ) as (api, raw, _):
+        answer = api.get(raw)
+    # It was 424 "'marker' cannot be read: no such file": the fresh file
+    # system answered as if it were the claim's.
+    assert answer.status_code == 410, (answer.status_code, answer.text)
+    assert "restarted" in answer.json()["message"]
+
+
+class _Constant(random.Random):
+    """A fault generator that always draws the same number."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__(0)
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+def test_a_read_after_a_restart_is_410_when_nomad_reads_lag_briefly(make_sim: MakeSim) -> None:
+    """Every list answered from a moment that may be before the restart, but
+    not by more than the settle time (a lagging server, or a client that has
+    not reported yet): the failed read is believed only after the runner was
+    read again over that time (chaos seed 6)."""
+    sim = make_sim()
+    with marker_after_a_restart(
+        sim, Environment(id=10, image="python:3.12", prewarming_pool_size=1)
+    ) as (api, raw, crashed_at):
+        # Every read lags by the time since the crash and 0.7 s more: the
+        # first re-read shows Nomad from before the restart, the last of the
+        # settle (0.85 s later) from after it.
+        lag_ms = (time.monotonic() - crashed_at + 0.7) * 1000
+
+        def lagging() -> None:
+            sim.sim.config.stale_lag_ms = lag_ms
+            sim.sim.fault_rng = _Constant(0.999)
+
+        sim.call(lagging)
+        faults = Http(sim.address).request("PUT", "/_sim/faults", json={"stale_read_rate": 1.0})
+        assert faults.status_code == 200, faults.text
+        answer = api.get(raw)
+    assert answer.status_code == 410, (answer.status_code, answer.text)
+    assert "restarted" in answer.json()["message"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "controller/api/files.py lost_meanwhile: a failed read is believed after the runner "
+        "was read again over SETTLE_S (0.85 s); a server whose every answer is older than "
+        "that still shows the runner from before its restart, and the read answers 424 from "
+        "the fresh file system; tolerated in tests/chaos/actors.py::Book.judge_marker while "
+        "a stale-reads fault is on"
+    ),
+)
+def test_a_read_after_a_restart_is_not_424_when_nomad_reads_lag(make_sim: MakeSim) -> None:
+    # A lag of up to an hour: the lists are all but certain to predate the restart.
+    sim = make_sim(stale_lag_ms=3_600_000.0)
+    with marker_after_a_restart(
+        sim, Environment(id=9, image="python:3.12", prewarming_pool_size=1)
+    ) as (api, raw, _):
+        faults = Http(sim.address).request("PUT", "/_sim/faults", json={"stale_read_rate": 1.0})
+        assert faults.status_code == 200, faults.text
+        answer = api.get(raw)
+    # 410 (restarted), or 503 if the controller cannot tell yet; never 424.
+    assert answer.status_code in (410, 503), (answer.status_code, answer.text)
+
+
+class _KilledRead:
+    """An exec whose command is SIGKILLed before it prints anything (exit 137)."""
+
+    async def send(self, data: bytes) -> None:
+        pass
+
+    async def close_stdin(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def events(self) -> AsyncIterator[ExecEvent]:
+        yield Exited(137)
+
+
+class _TaskStoppedUnderTheExec:
+    """Opens an exec, and meanwhile Nomad stops the allocation (a drain, a stop):
+    the task is killed, and the exec's command with it."""
+
+    def __init__(self, nomad: str) -> None:
+        self.http = Http(nomad)
+
+    async def open(
+        self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
+    ) -> Session:
+        stop = await asyncio.to_thread(self.http.request, "POST", f"/v1/allocation/{alloc_id}/stop")
+        assert stop.status_code == 200, stop.text
+        return _KilledRead()
+
+
+def test_a_read_killed_with_its_task_answers_410_not_424(make_sim: MakeSim) -> None:
+    sim = make_sim(nodes=2)
+    env = Environment(id=8, image="python:3.12", prewarming_pool_size=1)
+    with filled_controller(sim, env) as c:
+        runner = c.claims.claim(env.id, timeout_s=0)
+        files = Files(_TaskStoppedUnderTheExec(sim.address), c.metrics)
+        api = TestClient(create_app(c, file_service=files))
+        answer = api.get(f"/api/v1/runners/{runner.id}/files/raw?path=marker")
+        # It was 424 "'marker' cannot be read: exit code 137".
+        assert answer.status_code == 410, (answer.status_code, answer.text)
+        assert "migrated" in answer.json()["message"]
+
+
+def test_a_download_cut_off_logs_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    app = FastAPI()
+
+    async def cut_off() -> AsyncGenerator[bytes, None]:
+        yield b"12345"
+        raise Interrupted("the runner's task was killed under the read")
+
+    @app.get("/file")
+    async def file() -> Streamed:
+        headers = {"Content-Length": "10"}
+        return Streamed(
+            cut_off(), lambda result: None, media_type="application/octet-stream", headers=headers
+        )
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, timeout=5)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        with caplog.at_level(logging.WARNING), pytest.raises(requests.RequestException):
+            requests.get(f"http://127.0.0.1:{port}/file", timeout=5)
+        wait_until(lambda: any(r.name == "controller.api.files" for r in caplog.records))
+    finally:
+        server.should_exit = True
+        thread.join(5)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    # Today: ["ASGI callable returned without completing response."]
+    assert not errors, errors
