@@ -227,9 +227,15 @@ def test_tty_ctrl_backslash_is_sigquit(one: tuple[SimServer, str]):
     session = Session(exec_url(server, alloc_id, ["bash", "-c", "exec sleep 30"], tty=True))
 
     def sleeping() -> bool:
-        # Once bash has become sleep: a shell about to exec may ignore SIGQUIT.
-        pids = set(processes(server, alloc_id)) - before
-        return any(psutil.Process(pid).name() == "sleep" for pid in pids)
+        # Once bash has become sleep (a shell about to exec may ignore SIGQUIT)
+        # holding the terminal as its own (a VQUIT typed before that reaches
+        # nobody): this session's process, not any other sleep of the allocation.
+        for pid in set(processes(server, alloc_id)) - before:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process = psutil.Process(pid)
+                if process.cmdline() == ["sleep", "30"] and process.terminal() is not None:
+                    return os.getsid(pid) == pid
+        return False
 
     wait_until(sleeping)
     session.stdin(b"\x1c")  # the terminal's VQUIT: SIGQUIT to the foreground group
