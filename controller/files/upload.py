@@ -353,20 +353,27 @@ def _content(events: _Events, where: str, path: str, region: Region) -> Content:
     return Content(region, size)
 
 
+def _keys(events: _Events, where: str) -> Iterator[str | None]:
+    """The keys of an object whose opening brace was read; the caller reads
+    each key's value before the next key. A key twice is refused."""
+    seen: set[str | None] = set()
+    while True:
+        event, region = events.next()
+        if event == "end_map":
+            return
+        key = _key(events, region)
+        if key in seen:
+            raise BadUpload(f"{where}: duplicate key {key!r}")
+        seen.add(key)
+        yield key
+
+
 def _copy_item(events: _Events, index: int) -> Copy:
     """One copy item, its opening brace already read."""
     where = f"copy[{index}]"
     path: str | None = None
     content: Region | None = None
-    seen: set[str] = set()
-    while True:
-        event, region = events.next()
-        if event == "end_map":
-            break
-        key = _key(events, region)
-        if key in seen:
-            raise BadUpload(f"{where}: duplicate key {key!r}")
-        seen.add(key or "")
+    for key in _keys(events, where):
         event, region = events.next()
         if key == "path":
             path = _path(events, where, event, region)
@@ -404,15 +411,7 @@ def parse(fd: int) -> Upload:
         raise BadUpload("the body must be a JSON object with delete and copy")
     deletions: list[str] = []
     copies: list[Copy] = []
-    seen: set[str] = set()
-    while True:
-        event, region = events.next()
-        if event == "end_map":
-            break
-        key = _key(events, region)
-        if key in seen:
-            raise BadUpload(f"invalid JSON: duplicate key {key!r}")
-        seen.add(key or "")
+    for key in _keys(events, "invalid JSON"):
         if key == "delete":
             deletions = _deletions(events)
         elif key == "copy":
