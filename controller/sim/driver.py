@@ -128,9 +128,20 @@ def exit_frame(code: int) -> str:
     return f'{{"exited":true,"result":{{"exit_code":{code}}}}}'
 
 
+def _default_signals() -> None:
+    # Runs in the child between fork and exec. A command starts with the
+    # default dispositions, as under a Nomad agent started normally, even
+    # when the simulator was started with SIGINT and SIGQUIT ignored (a
+    # background job of a shell), which exec would pass on: Ctrl-\ on the
+    # terminal must still end the foreground process.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def _take_controlling_tty() -> None:
     # Runs in the child between fork and exec (after setsid, with the
-    # terminal already on fd 0): only a system call, nothing imported.
+    # terminal already on fd 0): system calls only, nothing imported.
+    _default_signals()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
@@ -806,6 +817,7 @@ class Driver:
                 cwd=workdir,
                 env=env,
                 start_new_session=True,
+                preexec_fn=_default_signals,
             )
         except BaseException:
             _close_all(parent)

@@ -292,7 +292,10 @@ def test_alloc_stop_replaces_like_a_migration(sim: SimServer) -> None:
 
 
 def test_oom_restarts_then_fails_then_reschedules(make_sim: Callable[..., SimServer]) -> None:
-    server = make_sim(time_scale=0.001)
+    # 0.01: the reschedule's 5 s delay is 50 ms, longer than the scheduler can
+    # lag under load; at 5 ms a late failure handling found the delay already
+    # over and rescheduled at once, without the follow-up evaluation checked below.
+    server = make_sim(time_scale=0.01)
     http = Http(server.address)
     restart = {"Attempts": 1, "Interval": 3600 * SECOND, "Delay": 15 * SECOND, "Mode": "fail"}
     http.register(runner_job("1-k", restart=restart))
@@ -317,7 +320,7 @@ def test_oom_restarts_then_fails_then_reschedules(make_sim: Callable[..., SimSer
     state = failed["TaskStates"]["default-task"]
     assert state["State"] == "dead" and state["Failed"] is True
     assert state["Events"][-1]["Type"] == "Not Restarting"
-    # Batch default reschedule policy: 1 attempt, 5 s delay (5 ms here) via a follow-up eval.
+    # Batch default reschedule policy: 1 attempt, 5 s delay (50 ms here) via a follow-up eval.
     replaced = wait_until(lambda: http.alloc(alloc["ID"]).get("NextAllocation"))
     new = http.alloc(str(replaced))
     assert new["PreviousAllocation"] == alloc["ID"]
