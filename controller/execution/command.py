@@ -72,14 +72,20 @@ def _with_environment(request: ExecutionRequest) -> str:
     return f"export {shlex.join(assignments)}; exec {command}"
 
 
-def _outer(execution_id: str, inner: str, privileged: bool, settings: ExecSettings) -> list[str]:
+def as_client(
+    script: str, privileged: bool, settings: ExecSettings, execution_id: str | None = None
+) -> list[str]:
+    """The argv running `script` in bash as a client's command runs: Nomad's
+    variables hidden, through the unprivileged wrapper unless privileged,
+    and with an execution's marker when it has an id."""
+    inner = _bash(script)
     wrapped = (
         inner
         if privileged or not settings.unprivileged_wrapper
         else (f"{shlex.join(settings.unprivileged_wrapper)} {inner}")
     )
-    marker = shlex.quote(f"{MARKER}={execution_id}")
-    return ["/bin/bash", "-c", f"export {marker}; unset ${{!NOMAD_@}}; exec {wrapped}"]
+    marker = f"export {shlex.quote(f'{MARKER}={execution_id}')}; " if execution_id else ""
+    return ["/bin/bash", "-c", f"{marker}unset ${{!NOMAD_@}}; exec {wrapped}"]
 
 
 def main_command(execution_id: str, request: ExecutionRequest, settings: ExecSettings) -> list[str]:
@@ -90,7 +96,7 @@ def main_command(execution_id: str, request: ExecutionRequest, settings: ExecSet
         # Whichever side comes first makes the FIFO; opening it waits for the
         # other side; the reader unlinks it once both ends are open.
         command = f"mkfifo -m 600 {fifo} 2>/dev/null; exec 2>{fifo}; {command}"
-    return _outer(execution_id, _bash(command), request.privileged, settings)
+    return as_client(command, request.privileged, settings, execution_id)
 
 
 def stderr_command(
@@ -101,7 +107,7 @@ def stderr_command(
     # No polling: it waits in open(2) for the command's side (and is ended with
     # the execution's processes if that side never comes).
     reader = f"mkfifo -m 600 {fifo} 2>/dev/null; exec 3<{fifo}; rm -f {fifo}; exec cat <&3"
-    return _outer(execution_id, _bash(reader), request.privileged, settings)
+    return as_client(reader, request.privileged, settings, execution_id)
 
 
 def kill_command(execution_id: str) -> list[str]:

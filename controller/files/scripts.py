@@ -19,16 +19,16 @@ need bash and GNU coreutils, findutils and tar, as Poseidon's images have.
   `<start> <length>` (chosen by the controller from the size and the
   request's Range) and prints those bytes of the file.
 
-Unless privileged, list and read run as the unprivileged user (the
-NRC_EXEC_UNPRIVILEGED_WRAPPER), as executions do.
+List and read run as a client's command does (`command.as_client`): as the
+unprivileged user (the NRC_EXEC_UNPRIVILEGED_WRAPPER) unless privileged, and
+without Nomad's variables.
 """
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterator
 
-from controller.execution.command import ExecSettings
+from controller.execution.command import ExecSettings, as_client
 from controller.files.paths import ancestors, to_bytes
 from controller.files.upload import Upload
 
@@ -81,27 +81,16 @@ tail -c "+$((start + 1))" -- "$p" | head -c "$length"
 """
 
 
-def _bash(script: str, privileged: bool, settings: ExecSettings) -> list[str]:
-    if privileged or not settings.unprivileged_wrapper:
-        return ["/bin/bash", "-c", script]
-    wrapper = shlex.join(settings.unprivileged_wrapper)
-    return [
-        "/bin/bash",
-        "-c",
-        f"unset ${{!NOMAD_@}}; exec {wrapper} /bin/bash -c {shlex.quote(script)}",
-    ]
-
-
 def copy_command() -> list[str]:
     return ["/bin/bash", "-c", COPY]
 
 
 def list_command(privileged: bool, settings: ExecSettings) -> list[str]:
-    return _bash(LIST, privileged, settings)
+    return as_client(LIST, privileged, settings)
 
 
 def read_command(privileged: bool, settings: ExecSettings) -> list[str]:
-    return _bash(READ, privileged, settings)
+    return as_client(READ, privileged, settings)
 
 
 def _record(path: str) -> bytes:

@@ -224,25 +224,19 @@ class Files:
 
         try:
             add(first)
-            stderr = bytearray()
+            ended = Captured()  # its stderr and exit code
             async for event in events:
-                if isinstance(event, Output):
-                    if event.stream == "stdout":
-                        add(event.data)
-                    else:
-                        stderr += event.data[: max(0, KEEP_OUTPUT - len(stderr))]
+                if isinstance(event, Output) and event.stream == "stdout":
+                    add(event.data)
                     if len(buffer) >= BODY_CHUNK:
                         yield bytes(buffer)
                         buffer.clear()
-                elif isinstance(event, Exited) and event.code != 0:
-                    # Poseidon's rule: once output started, a failure (an
-                    # unreadable subdirectory) leaves a partial listing.
-                    log.warning(
-                        "listing %r ended with exit code %d: %s",
-                        path,
-                        event.code,
-                        stderr.decode("utf-8", "replace").strip(),
-                    )
+                else:
+                    ended.add(event)
+            if ended.code:
+                # Poseidon's rule: once output started, a failure (an
+                # unreadable subdirectory) leaves a partial listing.
+                log.warning("listing %r ended with %s", path, ended.message())
             if records.partial:
                 raise Interrupted(f"the listing of {path!r} was cut off")
             buffer.extend(listing.CLOSE)
