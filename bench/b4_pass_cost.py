@@ -89,7 +89,7 @@ def measure(n: int) -> dict[str, Any]:
         def one_pass() -> None:
             snap = observer.refresh()
             for env_id in snap.env_ids():
-                controller.reconcile(env_id)
+                controller.reconciler.reconcile(env_id)
 
         initial = timed(observer.refresh, counter, sim_proc)
         snap = observer.snapshot

@@ -31,7 +31,7 @@ from controller.config import load_settings
 from controller.logs import configure_logging
 from controller.model import Phase
 from controller.nomad.gateway import JsonDict, WriteResult
-from controller.reconcile.observe import Snapshot
+from controller.reconcile.snapshot import Snapshot
 from controller.service import Service, build, serve
 
 

@@ -28,7 +28,13 @@ from controller.model import Environment
 from controller.nomad.client import NomadClient
 from controller.nomad.exec import ExecClient
 from controller.nomad.stream import EventStream
-from controller.reconcile.loop import EVENT_TOPICS, Controller, EventSource, StreamFactory
+from controller.reconcile.loop import (
+    EVENT_TOPICS,
+    Controller,
+    EventsCallback,
+    EventSource,
+    StreamFactory,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +68,7 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
     if settings.event_stream:
 
         def factory(
-            on_events: Callable[[int, list[dict[str, Any]]], None],
+            on_events: EventsCallback,
             on_state: Callable[[bool], None],
             start_index: int,
         ) -> EventSource:
@@ -82,11 +88,11 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
         connect_timeout_s=settings.nomad_timeout_s,
     )
     app = create_app(
-        controller,
+        controller.pools,
         api_token=settings.api_auth_token,
         max_pool_size=settings.max_pool_size,
         pool_alert_threshold=settings.pool_alert_threshold,
-        execution=executions(controller, exec_client, settings.execution_settings()),
+        execution=executions(controller.pools, exec_client, settings.execution_settings()),
         websocket_urls=WebSocketUrls(
             scheme=settings.api_websocket_scheme,
             trust_proxy_headers=settings.api_trust_proxy_headers,
@@ -176,7 +182,7 @@ def dev(settings: Settings) -> int:
         service = build(replace_settings(settings, **changes), sim.address)
 
         def started(api: str) -> None:
-            service.controller.put_environment(DEMO_ENVIRONMENT)
+            service.controller.pools.put_environment(DEMO_ENVIRONMENT)
             print(dev_banner(api, sim.address, settings.api_auth_token), flush=True)
 
         return serve(service, started)

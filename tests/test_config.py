@@ -9,7 +9,6 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -27,6 +26,7 @@ from controller.config import (
 )
 from controller.model import SECOND
 from controller.nomad.client import NomadClient
+from controller.nomad.events import EventRef
 from controller.nomad.stream import EventStream
 from controller.reconcile.loop import ControllerSettings
 from controller.reconcile.plan import PlanSettings
@@ -859,7 +859,7 @@ def test_nomad_kwargs_fit_the_constructors(pem_files: dict[str, str]) -> None:
     client = NomadClient(**s.nomad_client_kwargs())
     assert (client.address, client.namespace) == ("https://nomad.internal:4646", "sandboxes")
 
-    def on_events(index: int, events: list[dict[str, Any]]) -> None:
+    def on_events(index: int, events: tuple[EventRef, ...]) -> None:
         pass
 
     stream = EventStream(topics=["Job"], on_events=on_events, **s.nomad_stream_kwargs())

@@ -1,4 +1,4 @@
-"""`create_app`: the HTTP API over a `Controller`.
+"""`create_app`: the HTTP API over the controller's façade (`Pools`).
 
 The API is Poseidon's (0.2.2) for runners, execution environments, statistics,
 health and version, under `/api/v1`, plus `GET /api/v1/runners/{id}` and, at
@@ -32,7 +32,7 @@ from controller.api.executions import WebSocketUrls
 from controller.execution.service import Executions, NoExec
 from controller.execution.service import executions as default_executions
 from controller.files.service import Files, FileSettings
-from controller.reconcile.loop import Controller
+from controller.reconcile.facade import Pools
 
 API_PREFIX = "/api/v1"
 
@@ -67,7 +67,7 @@ TAGS = [
 
 
 def create_app(
-    controller: Controller,
+    pools: Pools,
     *,
     api_token: str | None = None,
     max_pool_size: int = 10_000,
@@ -95,11 +95,11 @@ def create_app(
         redirect_slashes=False,  # `/runners/` is an unknown route, not a redirect
     )
     protected: list[Any] = [] if api_token is None else [Depends(require_token(api_token))]
-    app.include_router(runners.router(controller, protected), prefix=API_PREFIX)
-    execution = execution or default_executions(controller, None)
+    app.include_router(runners.router(pools, protected), prefix=API_PREFIX)
+    execution = execution or default_executions(pools, None)
     app.include_router(
         executions.router(
-            controller,
+            pools,
             execution.relay,
             execution.store,
             protected,
@@ -109,17 +109,15 @@ def create_app(
         ),
         prefix=API_PREFIX,
     )
-    file_service = file_service or Files(NoExec(), controller.metrics)
+    file_service = file_service or Files(NoExec(), pools.metrics)
     app.include_router(
-        files.router(controller, file_service, protected, max_upload_bytes), prefix=API_PREFIX
+        files.router(pools, file_service, protected, max_upload_bytes), prefix=API_PREFIX
     )
-    app.include_router(environments.router(controller, protected, max_pool_size), prefix=API_PREFIX)
-    app.include_router(environments.statistics_router(controller, protected), prefix=API_PREFIX)
-    app.include_router(
-        health.api_router(controller, pool_alert_threshold, version), prefix=API_PREFIX
-    )
-    app.include_router(health.root_router(controller))
-    errors.install(app, controller)
+    app.include_router(environments.router(pools, protected, max_pool_size), prefix=API_PREFIX)
+    app.include_router(environments.statistics_router(pools, protected), prefix=API_PREFIX)
+    app.include_router(health.api_router(pools, pool_alert_threshold, version), prefix=API_PREFIX)
+    app.include_router(health.root_router(pools))
+    errors.install(app, pools)
 
     async def body_too_large(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, BodyTooLarge)

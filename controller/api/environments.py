@@ -25,7 +25,7 @@ from controller.api.models import (
     ExecutionEnvironment,
 )
 from controller.model import Environment
-from controller.reconcile.loop import Controller
+from controller.reconcile.facade import Pools
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def from_body(body: EnvironmentRequest) -> Environment:
     )
 
 
-def router(controller: Controller, dependencies: list[Any], max_pool_size: int) -> APIRouter:
+def router(controller: Pools, dependencies: list[Any], max_pool_size: int) -> APIRouter:
     api = APIRouter(
         prefix="/execution-environments", tags=["execution environment"], dependencies=dependencies
     )
@@ -174,7 +174,7 @@ def router(controller: Controller, dependencies: list[Any], max_pool_size: int) 
     return api
 
 
-def statistics_router(controller: Controller, dependencies: list[Any]) -> APIRouter:
+def statistics_router(controller: Pools, dependencies: list[Any]) -> APIRouter:
     api = APIRouter(prefix="/statistics", tags=["miscellaneous"], dependencies=dependencies)
 
     @api.get(

@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from controller.api.models import Error, ErrorCode
 from controller.nomad.gateway import NomadAPIError, NomadUnavailable
 from controller.reconcile.claims import NotLeader
-from controller.reconcile.loop import Controller
+from controller.reconcile.facade import Pools
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def describe_errors(errors: Iterable[Mapping[str, Any]]) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
-def not_leader_message(controller: Controller) -> str:
+def not_leader_message(controller: Pools) -> str:
     if controller.is_leader():
         return "this replica has not observed Nomad since it became leader; retry shortly"
     return "this replica is not the leader; send the request to the leading replica"
@@ -91,7 +91,7 @@ def allowed_methods(app: FastAPI, path: str) -> list[str]:
     return sorted(methods)
 
 
-def install(app: FastAPI, controller: Controller) -> None:
+def install(app: FastAPI, controller: Pools) -> None:
     """Register the handlers and the catch-all on `app`."""
 
     async def api_error(_: Request, exc: Exception) -> JSONResponse:

@@ -30,7 +30,7 @@ from controller.execution.frames import Frame, encode
 from controller.execution.relay import Relay
 from controller.execution.store import ExecutionStore
 from controller.reconcile.claims import NotLeader
-from controller.reconcile.loop import Controller
+from controller.reconcile.facade import Pools
 
 ExecutionBody = Annotated[ExecutionRequest, Depends(json_body(ExecutionRequest))]
 RunnerId = Annotated[str, Path(description="The runner's id (its Nomad job id).")]
@@ -106,7 +106,7 @@ class _Client:
 
 
 def router(
-    controller: Controller,
+    controller: Pools,
     relay: Relay,
     store: ExecutionStore,
     dependencies: list[Any],
@@ -178,13 +178,13 @@ def router(
             return
         claim = view.job.claim
         assert claim is not None
-        if not controller.claims.begin_use(runnerId):
+        if not controller.begin_use(runnerId):
             await _deny(websocket, 410, expired_message(runnerId, claim.timeout))
             return
         try:
             await websocket.accept()
         except Exception:
-            controller.claims.end_use(runnerId)
+            controller.end_use(runnerId)
             raise
         await relay.run(execution, claim.alloc_id, _Client(websocket))
 

@@ -55,7 +55,7 @@ from controller.files.service import (
 from controller.files.upload import BadUpload, parse
 from controller.model import RunnerView
 from controller.nomad.exec import ExecBroken, ExecForbidden
-from controller.reconcile.loop import Controller
+from controller.reconcile.facade import Pools
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -228,7 +228,7 @@ class Streamed(StreamingResponse):
 
 
 def router(
-    controller: Controller, files: Files, dependencies: list[Any], max_upload_bytes: int
+    controller: Pools, files: Files, dependencies: list[Any], max_upload_bytes: int
 ) -> APIRouter:
     api = APIRouter(prefix="/runners", tags=["runner"], dependencies=dependencies)
     metrics = controller.metrics
@@ -241,7 +241,7 @@ def router(
         view = await run_in_threadpool(claimed_runner, controller, runner_id)
         claim = view.job.claim
         assert claim is not None
-        if not controller.claims.begin_use(runner_id):
+        if not controller.begin_use(runner_id):
             raise ApiError(410, expired_message(runner_id, claim.timeout))
         return view
 
@@ -260,7 +260,7 @@ def router(
         for wait_s in (0.0, *SETTLE_S) if settle else (0.0,):
             await asyncio.sleep(wait_s)
             try:
-                await run_in_threadpool(controller.observer.reread, [runner_id])
+                await run_in_threadpool(controller.reread, [runner_id])
             except Exception as exc:
                 log.warning("reading runner %s again from Nomad: %s", runner_id, exc)
                 return None
@@ -326,19 +326,19 @@ def router(
         try:
             return await start(claim.alloc_id)
         except FileError as exc:
-            controller.claims.end_use(runner_id)
+            controller.end_use(runner_id)
             raise await answer(runner_id, operation, exc) from None
         except ApiError:
-            controller.claims.end_use(runner_id)
+            controller.end_use(runner_id)
             count(operation, "bad_request")
             raise
         except BaseException:
-            controller.claims.end_use(runner_id)
+            controller.end_use(runner_id)
             raise
 
     def ended(runner_id: str, operation: str) -> Callable[[str], None]:
         def done(result: str) -> None:
-            controller.claims.end_use(runner_id)
+            controller.end_use(runner_id)
             count(operation, result)
 
         return done
@@ -395,7 +395,7 @@ def router(
                 count("copy", "lost")
                 raise gone
         finally:
-            controller.claims.end_use(runnerId)
+            controller.end_use(runnerId)
         count("copy", "ok")
         metrics.file_bytes.labels("copy").inc(upload.content_bytes)
         return Response(status_code=204)
@@ -434,7 +434,7 @@ def router(
         gone = await lost_meanwhile(runnerId)
         if gone is not None:
             await listing.body.aclose()
-            controller.claims.end_use(runnerId)
+            controller.end_use(runnerId)
             count("list", "lost")
             raise gone
         return Streamed(listing.body, ended(runnerId, "list"), media_type="application/json")

@@ -14,10 +14,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controller.api.errors import ApiError, not_leader_message, responses
 from controller.api.models import ErrorCode, Status
-from controller.reconcile.loop import Controller
+from controller.reconcile.facade import Pools
 
 
-def depleting(controller: Controller, threshold: float) -> str | None:
+def depleting(controller: Pools, threshold: float) -> str | None:
     """Why some pool is below the threshold, or None."""
     for env in controller.environments():
         size = env.prewarming_pool_size
@@ -32,7 +32,7 @@ def depleting(controller: Controller, threshold: float) -> str | None:
     return None
 
 
-def api_router(controller: Controller, pool_alert_threshold: float, version: str) -> APIRouter:
+def api_router(controller: Pools, pool_alert_threshold: float, version: str) -> APIRouter:
     api = APIRouter(tags=["miscellaneous"])
 
     @api.get(
@@ -70,7 +70,7 @@ def api_router(controller: Controller, pool_alert_threshold: float, version: str
     return api
 
 
-def root_router(controller: Controller) -> APIRouter:
+def root_router(controller: Pools) -> APIRouter:
     api = APIRouter(tags=["operations"])
 
     @api.get(

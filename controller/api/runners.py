@@ -27,7 +27,7 @@ from controller.api.models import (
 from controller.model import SECOND, LossReason, RunnerView
 from controller.nomad.gateway import IndexConflict, NomadAPIError, NomadUnavailable
 from controller.reconcile.claims import NoRunnerAvailable, NotLeader, UnknownEnvironment
-from controller.reconcile.loop import Controller
+from controller.reconcile.facade import Pools
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +61,13 @@ def claimed_at(ns: int) -> datetime | None:
     return datetime.fromtimestamp(seconds, UTC) + timedelta(microseconds=rest // 1000)
 
 
-def claimed_runner(controller: Controller, runner_id: str) -> RunnerView:
+def claimed_runner(controller: Pools, runner_id: str) -> RunnerView:
     """The claimed runner, touched (its inactivity timer starts again), or 410;
     only a serving replica answers (its timers count). Blocking: a loss the
     controller has derived is written to Nomad before it is told."""
     if not controller.ready():
         raise NotLeader
-    view = controller.claims.lookup(runner_id)
+    view = controller.lookup(runner_id)
     if view is None or view.job.claim is None:
         raise ApiError(410, gone_message(runner_id))
     # A reset the controller has derived but not yet written down is a loss
@@ -76,7 +76,7 @@ def claimed_runner(controller: Controller, runner_id: str) -> RunnerView:
     # (from any controller) names the same reason.
     if view.job.claim.lost_reason is not None or view.reset is not None:
         try:
-            reason = controller.claims.record_loss(view)
+            reason = controller.record_loss(view)
         except (NomadUnavailable, NomadAPIError, IndexConflict) as exc:
             raise ApiError(
                 503,
@@ -86,12 +86,12 @@ def claimed_runner(controller: Controller, runner_id: str) -> RunnerView:
         if reason is None:
             raise ApiError(410, gone_message(runner_id))
         raise ApiError(410, lost_message(runner_id, reason))
-    if not controller.claims.touch(runner_id):
+    if not controller.touch(runner_id):
         raise ApiError(410, expired_message(runner_id, view.job.claim.timeout))
     return view
 
 
-def router(controller: Controller, dependencies: list[Any]) -> APIRouter:
+def router(controller: Pools, dependencies: list[Any]) -> APIRouter:
     api = APIRouter(prefix="/runners", tags=["runner"], dependencies=dependencies)
 
     @api.post(
@@ -108,7 +108,7 @@ def router(controller: Controller, dependencies: list[Any]) -> APIRouter:
     def provide(body: RunnerBody) -> RunnerCreated:
         env_id = body.executionEnvironmentId
         try:
-            view = controller.claims.claim(env_id, body.inactivityTimeout)
+            view = controller.claim(env_id, body.inactivityTimeout)
         except UnknownEnvironment:
             raise ApiError(404, f"execution environment {env_id} does not exist") from None
         except NoRunnerAvailable:
@@ -171,8 +171,8 @@ def router(controller: Controller, dependencies: list[Any]) -> APIRouter:
     )
     def destroy(runnerId: RunnerId) -> Response:
         runner_id = runnerId
-        view = controller.claims.lookup(runner_id)
-        if not controller.claims.release(runner_id):
+        view = controller.lookup(runner_id)
+        if not controller.release(runner_id):
             raise ApiError(410, gone_message(runner_id))
         env_id = view.env_id if view else None
         log.info(

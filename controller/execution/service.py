@@ -10,7 +10,7 @@ from controller.execution.relay import Execs, Relay, RelaySettings, Session
 from controller.execution.runners import ControllerRunners
 from controller.execution.store import ExecutionStore
 from controller.nomad.exec import ExecRejected
-from controller.reconcile.loop import Controller
+from controller.reconcile.facade import Pools
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class NoExec:
 
 
 def executions(
-    controller: Controller, execs: Execs | None, settings: ExecutionSettings | None = None
+    controller: Pools, execs: Execs | None, settings: ExecutionSettings | None = None
 ) -> Executions:
     s = settings or ExecutionSettings()
     relay = Relay(

@@ -228,6 +228,21 @@ def runner_job(template: JsonDict, env: Environment, job_id: str) -> JsonDict:
     return spec
 
 
+def job_id(spec: JsonDict) -> str:
+    return str(spec.get("ID", ""))
+
+
+def modify_index(spec: JsonDict) -> int:
+    """The spec's JobModifyIndex: the version a register with EnforceIndex compares."""
+    return int(spec.get("JobModifyIndex") or 0)
+
+
+def with_modify_index(spec: JsonDict, index: int) -> JsonDict:
+    """The spec as Nomad now holds it after a register answered `index`."""
+    spec["JobModifyIndex"] = index
+    return spec
+
+
 def runner_from_job(spec: JsonDict, env_id: int) -> RunnerJob:
     """A runner job's state from its spec: idle or claimed (and how the claim ended)."""
     meta = _meta(spec)
@@ -245,9 +260,9 @@ def runner_from_job(spec: JsonDict, env_id: int) -> RunnerJob:
         )
     template_hash = meta.get(META_TEMPLATE_HASH) or environment_from_job(spec, env_id).template_hash
     return RunnerJob(
-        id=str(spec.get("ID", "")),
+        id=job_id(spec),
         env_id=env_id,
-        job_modify_index=int(spec.get("JobModifyIndex") or 0),
+        job_modify_index=modify_index(spec),
         create_index=int(spec.get("CreateIndex") or 0),
         submit_time=int(spec.get("SubmitTime") or 0),
         stop=bool(spec.get("Stop")),

@@ -37,10 +37,11 @@ import requests
 import urllib3.exceptions
 
 from controller.nomad.client import tls_options
+from controller.nomad.events import EventRef, decode_events
 
 log = logging.getLogger(__name__)
 
-EventsCallback = Callable[[int, list[dict[str, Any]]], None]
+EventsCallback = Callable[[int, tuple[EventRef, ...]], None]
 StateCallback = Callable[[bool], None]
 
 
@@ -219,7 +220,7 @@ class EventStream:
         self._last_index = index
         self.frames += 1
         try:
-            self._on_events(index, events)
+            self._on_events(index, decode_events(events))
         except Exception:
             log.exception("nomad event stream: on_events failed for frame %d", index)
         return None

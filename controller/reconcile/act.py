@@ -24,25 +24,23 @@ from controller.nomad.gateway import IndexConflict, NomadAPIError, NomadGateway,
 from controller.reconcile.claims import Claims, RunnerGuard
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.observe import Observer
-from controller.reconcile.plan import Action, CreateRunners, DeleteReason, DeleteRunner, EndClaim
+from controller.reconcile.plan import (
+    IDLE_ONLY_REASONS,
+    Action,
+    CreateRunners,
+    DeleteReason,
+    DeleteRunner,
+    EndClaim,
+)
 from controller.reconcile.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
-
-# Reasons that remove a runner nobody holds; they must never hit a claimed one.
-_IDLE_REASONS = {
-    DeleteReason.SURPLUS,
-    DeleteReason.OUTDATED,
-    DeleteReason.DEAD,
-    DeleteReason.FAILED_TO_START,
-    DeleteReason.STARTUP_TIMEOUT,
-    DeleteReason.ORPHAN,
-}
 
 
 class Actor:
     def __init__(
         self,
+        *,
         gateway: NomadGateway,
         observer: Observer,
         expectations: Expectations,
@@ -122,7 +120,7 @@ class Actor:
             view = self._observer.snapshot.runners.get(runner_id)
             if view is None:
                 return True
-            if action.reason in _IDLE_REASONS and view.claimed:
+            if action.reason in IDLE_ONLY_REASONS and view.claimed:
                 log.info("not deleting %s (%s): it was claimed meanwhile", runner_id, action.reason)
                 return True
             # Decided under the claims' lock: a touch after this point is refused,

@@ -38,6 +38,7 @@ from controller.nomad import jobs
 from controller.nomad.gateway import IndexConflict, NomadAPIError, NomadGateway, NomadUnavailable
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.observe import Observer
+from controller.reconcile.writes import SpecWriter
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +90,10 @@ class RunnerGuard:
 class Claims:
     def __init__(
         self,
+        *,
         gateway: NomadGateway,
         observer: Observer,
+        writer: SpecWriter,
         expectations: Expectations,
         guard: RunnerGuard,
         clock: Clock,
@@ -100,6 +103,7 @@ class Claims:
     ) -> None:
         self._gateway = gateway
         self._observer = observer
+        self._writer = writer
         self._expectations = expectations
         self._guard = guard
         self._clock = clock
@@ -169,10 +173,9 @@ class Claims:
             restarts=current.alloc.restarts,
             claimed_at=now,
         )
-        new = jobs.with_claim(spec, claim)
         try:
-            result = self._gateway.register_job(
-                new, enforce_index=int(spec.get("JobModifyIndex") or 0)
+            self._writer.register(
+                jobs.with_claim(spec, claim), enforce_index=jobs.modify_index(spec)
             )
         except (NomadUnavailable, NomadAPIError):
             self._metrics.claims.labels("error").inc()
@@ -182,8 +185,6 @@ class Claims:
             self._metrics.claims.labels("conflict").inc()
             log.info("claim of %s lost a race; trying the next runner", runner_id)
             return None
-        new["JobModifyIndex"] = result.job_modify_index
-        self._observer.apply_spec(runner_id, new)
         with self._lock:
             self._activity[runner_id] = now
         view = self._observer.snapshot.runners.get(runner_id)
@@ -201,12 +202,10 @@ class Claims:
         Raises IndexConflict when Nomad has a newer version than we know, and
         NomadUnavailable / NomadAPIError when the write fails."""
         spec = self._observer.spec(runner_id)
-        if spec is None or int(spec.get("JobModifyIndex") or 0) != job_modify_index:
+        if spec is None or jobs.modify_index(spec) != job_modify_index:
             return False
         new = jobs.with_lost(spec, reason, self._clock.now_ns())
-        result = self._gateway.register_job(new, enforce_index=job_modify_index)
-        new["JobModifyIndex"] = result.job_modify_index
-        self._observer.apply_spec(runner_id, new)
+        self._writer.register(new, enforce_index=job_modify_index)
         self._metrics.runner_losses.labels(reason.value).inc()
         # One line per loss, a warning: the client is told, nothing to fix here.
         log.warning(
@@ -257,7 +256,7 @@ class Claims:
                 return None
             if runner.claim.lost_reason is not None:
                 return runner.claim.lost_reason
-            job_modify_index = int(spec.get("JobModifyIndex") or 0)
+            job_modify_index = jobs.modify_index(spec)
         raise IndexConflict(f"runner {view.id} kept changing while its loss was recorded")
 
     def lookup(self, runner_id: str) -> RunnerView | None:

@@ -8,7 +8,7 @@ unsafe pass (partial observation) nothing is deleted or ended.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -24,6 +24,20 @@ class DeleteReason(StrEnum):
     INACTIVITY_TIMEOUT = "inactivity_timeout"
     LOST_RETENTION = "lost_retention"
     ORPHAN = "orphan"
+
+
+# Reasons that remove a runner nobody holds: `act` skips such a deletion when
+# the runner was claimed after the plan (a claim needs no pass).
+IDLE_ONLY_REASONS = frozenset(
+    {
+        DeleteReason.SURPLUS,
+        DeleteReason.OUTDATED,
+        DeleteReason.DEAD,
+        DeleteReason.FAILED_TO_START,
+        DeleteReason.STARTUP_TIMEOUT,
+        DeleteReason.ORPHAN,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -87,9 +101,29 @@ class PlanInput:
 @dataclass(frozen=True)
 class PoolCounts:
     idle_ready: int = 0
-    idle_starting: int = 0
+    idle_starting: int = 0  # starting, or unreadable (counted so we never over-create)
     claimed: int = 0
     lost: int = 0
+
+
+def count_pool(views: Iterable[RunnerView]) -> PoolCounts:
+    """An environment's runners as they are now (what the API shows; a plan's
+    own counts leave out the runners it is deleting)."""
+    idle_ready = idle_starting = claimed = lost = 0
+    for v in views:
+        claim = v.job.claim
+        if claim is not None:
+            if claim.lost_reason is None:
+                claimed += 1
+            else:
+                lost += 1
+        if v.claimed:
+            continue
+        if v.phase is Phase.READY and v.known:
+            idle_ready += 1
+        elif v.phase is Phase.STARTING or not v.known:
+            idle_starting += 1
+    return PoolCounts(idle_ready, idle_starting, claimed, lost)
 
 
 @dataclass(frozen=True)

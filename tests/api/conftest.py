@@ -168,7 +168,7 @@ class Api:
         def full() -> bool:
             views = self.controller.observer.snapshot.views(env_id)
             idle = [v for v in views if not v.claimed and v.phase is Phase.READY]
-            env = self.controller.environment(env_id)
+            env = self.controller.pools.environment(env_id)
             current = env.template_hash if env else None
             return len(idle) >= ready and all(v.job.template_hash == current for v in idle)
 
@@ -208,7 +208,7 @@ def shared() -> Iterator[tuple[SimServer, Controller]]:
 @pytest.fixture(scope="package")
 def shared_api(shared: tuple[SimServer, Controller]) -> Api:
     sim, controller = shared
-    app = create_app(controller)
+    app = create_app(controller.pools)
     return Api(sim, controller, app, client_for(app))
 
 
@@ -237,7 +237,7 @@ def make_api(make_sim: Callable[..., SimServer]) -> Iterator[MakeApi]:
         controllers.append(controller)
         if wait_ready:
             wait_until(lambda: controller.observer.observed_once, timeout=5)
-        application = create_app(controller, **(app or {}))
+        application = create_app(controller.pools, **(app or {}))
         return Api(sim, controller, application, client_for(application))
 
     yield make

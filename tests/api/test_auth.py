@@ -15,7 +15,7 @@ from tests.api.conftest import API, TOKEN, client_for, environment_body, error_o
 @pytest.fixture(scope="module")
 def secured(shared: Any) -> TestClient:
     _, controller = shared
-    return client_for(create_app(controller, api_token=TOKEN))
+    return client_for(create_app(controller.pools, api_token=TOKEN))
 
 
 PROTECTED = [
@@ -87,7 +87,7 @@ def test_probes_metrics_and_description_are_open(secured: TestClient) -> None:
 
 def test_without_a_token_nothing_is_required(shared: Any) -> None:
     _, controller = shared
-    client = client_for(create_app(controller))
+    client = client_for(create_app(controller.pools))
     assert client.get(f"{API}/execution-environments").status_code == 200
     r = client.get(f"{API}/statistics/execution-environments", headers={"Poseidon-Token": "x"})
     assert r.status_code == 200

@@ -24,7 +24,7 @@ def test_create_show_list_replace_delete(api: Api, env_id: int) -> None:
     assert shown == {**body, "exposedPorts": [80, 8080]}
     listed = api.client.get(f"{API}/execution-environments").json()["executionEnvironments"]
     assert shown in listed
-    assert api.controller.environment(env_id) == Environment(
+    assert api.controller.pools.environment(env_id) == Environment(
         id=env_id,
         image="python:3.12",
         cpu_limit=100,
@@ -174,7 +174,7 @@ def test_invalid_environments_are_400(api: Api, body: Any, expected: str) -> Non
     status, message, code = error_of(api.client.put(url(1), content=dumps(body)))
     assert (status, code) == (400, None), message
     assert expected in message
-    assert api.controller.environment(1) is None
+    assert api.controller.pools.environment(1) is None
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from controller.api import create_app
 from controller.api.body import MAX_BODY_BYTES
+from controller.reconcile.facade import Pools
 from controller.reconcile.loop import Controller
 from tests.api.conftest import API, Api, client_for, dumps, environment_body, error_of
 
@@ -104,7 +105,7 @@ def test_unexpected_errors_are_500_unknown_without_details(
     def broken(self: Controller) -> list[Any]:
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(Controller, "environments", broken)
+    monkeypatch.setattr(Pools, "environments", broken)
     r = api.client.get(f"{API}/execution-environments")
     assert r.json() == {"message": "internal error", "errorCode": "UNKNOWN"}
     assert r.status_code == 500 and "secret" not in r.text
@@ -141,7 +142,7 @@ def near(valid: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def fuzz_client(shared: Any) -> TestClient:
     _, controller = shared
-    return client_for(create_app(controller, max_pool_size=0))
+    return client_for(create_app(controller.pools, max_pool_size=0))
 
 
 ALLOWED_RUNNER = {200, 400, 404, 500}

@@ -116,7 +116,7 @@ def describing_app() -> FastAPI:
     """Serves the same description as the app under test (it does not depend
     on the controller); no Nomad behind it, nothing started."""
     clock = ManualClock()
-    return create_app(Controller(FakeNomad(clock), clock=clock), **APP_OPTIONS)
+    return create_app(Controller(FakeNomad(clock), clock=clock).pools, **APP_OPTIONS)
 
 
 LIVE = LiveApp(describing_app())
@@ -133,7 +133,7 @@ def fuzzed() -> Iterator[Api]:
     controller = start_controller(sim)
     try:
         wait_until(controller.ready, timeout=10)
-        app = create_app(controller, **APP_OPTIONS)
+        app = create_app(controller.pools, **APP_OPTIONS)
         assert app.openapi() == described
         api = Api(sim, controller, app, client_for(app, **AUTH))
         for env_id in SEEDED:

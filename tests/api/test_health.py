@@ -56,7 +56,7 @@ def test_depletion_threshold_is_configurable(make_api: MakeApi) -> None:
 def test_unobserved_nomad_is_unhealthy_and_not_ready() -> None:
     # nothing listens there, and the controller never observed Nomad
     controller = Controller(NomadClient(address="http://127.0.0.1:9", retry_attempts=1))
-    client = client_for(create_app(controller))
+    client = client_for(create_app(controller.pools))
     for path in (f"{API}/health", "/readyz"):
         status, message, code = error_of(client.get(path))
         assert (status, code) == (503, "NOMAD_UNREACHABLE")
@@ -71,8 +71,8 @@ def test_probes_version_and_metrics(api: Api) -> None:
     assert api.client.get("/readyz").json() == {"status": "ok"}
     r = api.client.get(f"{API}/version")
     assert r.status_code == 200 and r.json() == PACKAGE_VERSION != "0.0.0"
-    assert create_app(api.controller, version="1.2.3").openapi()["info"]["version"] == "1.2.3"
-    versioned = TestClient(create_app(api.controller, version="1.2.3"))
+    assert create_app(api.controller.pools, version="1.2.3").openapi()["info"]["version"] == "1.2.3"
+    versioned = TestClient(create_app(api.controller.pools, version="1.2.3"))
     assert versioned.get(f"{API}/version").json() == "1.2.3"
     r = api.client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
@@ -94,7 +94,7 @@ def test_a_follower_answers_503_not_leader(make_api: MakeApi) -> None:
     leader.controller.stop()
     hold_leader_lock(leader)
     api = make_api(sim=leader.sim, leader_election=True)
-    wait_until(lambda: api.controller.environment(1) is not None)
+    wait_until(lambda: api.controller.pools.environment(1) is not None)
     assert not api.controller.is_leader()
     body = environment_body(1)
     requests = [

@@ -170,7 +170,7 @@ def poseidon_clients(api: Api) -> tuple[TestClient, TestClient, PoseidonChecker]
 
     plain = TestClient(api.app)
     plain.event_hooks = {"request": [], "response": [hook]}
-    secured = TestClient(create_app(api.controller, api_token=TOKEN))
+    secured = TestClient(create_app(api.controller.pools, api_token=TOKEN))
     secured.event_hooks = {"request": [], "response": [hook]}
     return plain, secured, checker
 

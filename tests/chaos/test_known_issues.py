@@ -52,12 +52,12 @@ def filled_controller(sim: SimServer, env: Environment) -> Iterator[Controller]:
     c = Controller(gateway, ControllerSettings(write_rate_per_s=0))
     try:
         c.observer.refresh()
-        c.put_environment(env)
+        c.pools.put_environment(env)
 
         def pool_ready() -> bool:
             c.observer.refresh()
-            c.reconcile(env.id)
-            return c.pool_counts(env.id).idle_ready == env.prewarming_pool_size
+            c.reconciler.reconcile(env.id)
+            return c.pools.pool_counts(env.id).idle_ready == env.prewarming_pool_size
 
         wait_until(pool_ready, timeout=10, interval=0.05)
         yield c
@@ -80,8 +80,8 @@ def test_a_claim_during_a_pass_is_not_an_invariant_violation(
                 handed.append(c.claims.claim(env.id, timeout_s=0).id)
             return result
 
-        monkeypatch.setattr("controller.reconcile.loop.plan", plan_while_a_client_claims)
-        c.reconcile(env.id)
+        monkeypatch.setattr("controller.reconcile.reconciler.plan", plan_while_a_client_claims)
+        c.reconciler.reconcile(env.id)
         assert handed
         violations = c.metrics.invariant_violations
         assert violations.labels("claimed_in_pool")._value.get() == 0
@@ -106,7 +106,7 @@ def test_a_runner_known_to_be_reset_is_not_served_from_its_replacement(
             return view is not None and view.reset is LossReason.MIGRATED
 
         wait_until(reset_observed, timeout=5, interval=0.02)
-        answer = TestClient(create_app(c)).get(f"/api/v1/runners/{runner.id}")
+        answer = TestClient(create_app(c.pools)).get(f"/api/v1/runners/{runner.id}")
         assert answer.status_code == 410 or answer.json()["allocationId"] == claimed_on, (
             answer.status_code,
             answer.json(),
@@ -120,12 +120,12 @@ def test_deleting_an_environment_before_the_first_observation_is_not_404(
     env = Environment(id=5, image="python:3.12", prewarming_pool_size=0)
     gateway = NomadClient(address=sim.address, timeout_s=5.0, retry_max_wait_s=0.2)
     first = Controller(gateway, ControllerSettings(write_rate_per_s=0))
-    first.put_environment(env)  # environment 5 exists in Nomad
+    first.pools.put_environment(env)  # environment 5 exists in Nomad
     first.stop()
     # A controller that has just started (and not yet listed Nomad) is asked to delete it.
     fresh = Controller(gateway, ControllerSettings(write_rate_per_s=0))
     try:
-        answer = TestClient(create_app(fresh)).delete("/api/v1/execution-environments/5")
+        answer = TestClient(create_app(fresh.pools)).delete("/api/v1/execution-environments/5")
         assert answer.status_code in (204, 503), (answer.status_code, answer.json())
     finally:
         fresh.stop()
@@ -176,7 +176,7 @@ def marker_after_a_restart(
         runner = c.claims.claim(env.id, timeout_s=0)
         assert runner.alloc is not None
         api = TestClient(
-            create_app(c, file_service=Files(ExecClient(address=sim.address), c.metrics))
+            create_app(c.pools, file_service=Files(ExecClient(address=sim.address), c.metrics))
         )
         files = f"/api/v1/runners/{runner.id}/files"
         raw = f"{files}/raw?path=marker&privilegedExecution=true"
@@ -308,7 +308,7 @@ def test_a_read_killed_with_its_task_answers_410_not_424(make_sim: MakeSim) -> N
     with filled_controller(sim, env) as c:
         runner = c.claims.claim(env.id, timeout_s=0)
         files = Files(_TaskStoppedUnderTheExec(sim.address), c.metrics)
-        api = TestClient(create_app(c, file_service=files))
+        api = TestClient(create_app(c.pools, file_service=files))
         answer = api.get(f"/api/v1/runners/{runner.id}/files/raw?path=marker")
         # It was 424 "'marker' cannot be read: exit code 137".
         assert answer.status_code == 410, (answer.status_code, answer.text)

@@ -63,11 +63,11 @@ def converged(c: Controller, sim: SimServer, env: Environment = ENV, claimed: in
 
 def test_pool_fills_exactly(sim: SimServer, make_controller: MakeController) -> None:
     c = make_controller(sim)
-    assert c.put_environment(ENV) is True
+    assert c.pools.put_environment(ENV) is True
     wait_until(lambda: converged(c, sim), timeout=10)
     assert registered(sim) == 1 + ENV.prewarming_pool_size  # template + runners
-    assert c.environment(ENV.id) == ENV
-    assert c.put_environment(ENV) is False  # replacing an existing one
+    assert c.pools.environment(ENV.id) == ENV
+    assert c.pools.put_environment(ENV) is False  # replacing an existing one
 
 
 def test_stale_reads_never_over_create(make_sim: MakeSim, make_controller: MakeController) -> None:
@@ -77,7 +77,7 @@ def test_stale_reads_never_over_create(make_sim: MakeSim, make_controller: MakeC
     ).raise_for_status()
     c = make_controller(sim)
     env = Environment(id=12, image="python:3.12", prewarming_pool_size=50)
-    c.put_environment(env)
+    c.pools.put_environment(env)
     wait_until(lambda: converged(c, sim, env), timeout=20)
     # a few more passes over lagging lists must not create anything either
     for _ in range(5):
@@ -91,7 +91,7 @@ def test_stale_reads_never_over_create(make_sim: MakeSim, make_controller: MakeC
 
 def test_claim_and_release(sim: SimServer, make_controller: MakeController) -> None:
     c = make_controller(sim)
-    c.put_environment(ENV)
+    c.pools.put_environment(ENV)
     wait_until(lambda: converged(c, sim), timeout=10)
     runner = c.claims.claim(ENV.id, timeout_s=60)
     assert runner.claimed and runner.job.claim is not None
@@ -111,7 +111,7 @@ def test_fifty_concurrent_claims_on_a_pool_of_twenty(
 ) -> None:
     c = make_controller(sim)
     env = Environment(id=13, image="python:3.12", prewarming_pool_size=20)
-    c.put_environment(env)
+    c.pools.put_environment(env)
     wait_until(lambda: converged(c, sim, env), timeout=10)
     # No node takes new work: refills stay pending, so exactly the 20 ready
     # runners can be handed out.
@@ -151,7 +151,7 @@ def test_claims_from_two_replicas_never_share_a_runner(
     """Only EnforceIndex stands between two processes claiming from one pool."""
     a = make_controller(sim)
     env = Environment(id=16, image="python:3.12", prewarming_pool_size=20)
-    a.put_environment(env)
+    a.pools.put_environment(env)
     wait_until(lambda: converged(a, sim, env), timeout=10)
     b = make_controller(sim, workers=0)  # a second process that only claims
     wait_until(lambda: len(idle_ready(b, env.id)) == 20, timeout=10)
@@ -186,7 +186,7 @@ def test_unknown_environment_and_not_leader(
     wait_until(lambda: c.ready())
     with pytest.raises(UnknownEnvironment):
         c.claims.claim(999, timeout_s=0)
-    assert c.delete_environment(999) is False
+    assert c.pools.delete_environment(999) is False
 
 
 def drain(sim: SimServer, node_id: str) -> None:
@@ -205,7 +205,7 @@ def test_drain_loses_claimed_runner_and_migrates_idle_ones(
     sim = make_sim(nodes=2, migration_ordering=ordering)
     c = make_controller(sim)
     env = Environment(id=14, image="python:3.12", prewarming_pool_size=6)
-    c.put_environment(env)
+    c.pools.put_environment(env)
     wait_until(lambda: converged(c, sim, env), timeout=10)
     runner = c.claims.claim(env.id, timeout_s=0)
     assert runner.alloc is not None
@@ -230,7 +230,7 @@ def test_drain_loses_claimed_runner_and_migrates_idle_ones(
 
 def test_oom_kill_ends_the_claim(sim: SimServer, make_controller: MakeController) -> None:
     c = make_controller(sim)
-    c.put_environment(ENV)
+    c.pools.put_environment(ENV)
     wait_until(lambda: converged(c, sim), timeout=10)
     runner = c.claims.claim(ENV.id, timeout_s=0)
     assert runner.alloc is not None
@@ -244,7 +244,7 @@ def test_crash_restarted_in_place_ends_the_claim(
     sim: SimServer, make_controller: MakeController
 ) -> None:
     c = make_controller(sim)
-    c.put_environment(ENV)
+    c.pools.put_environment(ENV)
     wait_until(lambda: converged(c, sim), timeout=10)
     runner = c.claims.claim(ENV.id, timeout_s=0)
     idle = [v.id for v in idle_ready(c) if v.id != runner.id]
@@ -259,7 +259,7 @@ def test_crash_restarted_in_place_ends_the_claim(
 
 def test_inactivity_timeout_releases(sim: SimServer, make_controller: MakeController) -> None:
     c = make_controller(sim)
-    c.put_environment(ENV)
+    c.pools.put_environment(ENV)
     wait_until(lambda: converged(c, sim), timeout=10)
     runner = c.claims.claim(ENV.id, timeout_s=1)
     kept = c.claims.claim(ENV.id, timeout_s=0)
@@ -272,7 +272,7 @@ def test_a_new_controller_keeps_every_claim(
     sim: SimServer, make_controller: MakeController
 ) -> None:
     first = make_controller(sim)
-    first.put_environment(ENV)
+    first.pools.put_environment(ENV)
     wait_until(lambda: converged(first, sim), timeout=10)
     held = {first.claims.claim(ENV.id, timeout_s=600).id for _ in range(3)}
     wait_until(lambda: converged(first, sim, claimed=3), timeout=10)
@@ -294,7 +294,7 @@ def test_orphans_are_removed_after_the_grace_period(
     sim: SimServer, make_controller: MakeController
 ) -> None:
     c = make_controller(sim)
-    c.put_environment(ENV)
+    c.pools.put_environment(ENV)
     wait_until(lambda: converged(c, sim), timeout=10)
     held = c.claims.claim(ENV.id, timeout_s=0)
     # the template disappears behind our back (another tool, an operator)
@@ -313,7 +313,7 @@ def test_two_controllers_with_leader_election_exactly_one_acts(
     assert not follower.ready()
     with pytest.raises(NotLeader):
         follower.claims.claim(ENV.id, timeout_s=0)
-    leader.put_environment(ENV)
+    leader.pools.put_environment(ENV)
     wait_until(lambda: converged(leader, sim), timeout=10)
     assert registered(sim) == 1 + ENV.prewarming_pool_size
     assert follower.passes == 0
@@ -331,7 +331,7 @@ def test_node_down_loses_the_claimed_runner(
 ) -> None:
     sim = make_sim(nodes=2)
     c = make_controller(sim)
-    c.put_environment(ENV)
+    c.pools.put_environment(ENV)
     wait_until(lambda: converged(c, sim), timeout=10)
     runner = c.claims.claim(ENV.id, timeout_s=0)
     assert runner.alloc is not None
@@ -359,17 +359,17 @@ def test_no_capacity_backs_off_and_degrades_then_recovers(
     )
     # more memory than any node has: every allocation stays unplaced
     huge = Environment(id=15, image="python:3.12", memory_limit=10**7, prewarming_pool_size=2)
-    c.put_environment(huge)
-    wait_until(lambda: c.degraded(huge.id), timeout=10)
+    c.pools.put_environment(huge)
+    wait_until(lambda: c.pools.degraded(huge.id), timeout=10)
     assert c.metrics.environment_degraded.labels("15")._value.get() == 1
     # churn is bounded: never more runner jobs than the pool at once
     assert len(runner_jobs(sim)) <= 2
     created = registered(sim) - 1
     assert created <= 2 * 4  # ≤ 4 rounds of 2 within the backoff so far
     fixed = Environment(id=15, image="python:3.12", memory_limit=128, prewarming_pool_size=2)
-    c.put_environment(fixed)
+    c.pools.put_environment(fixed)
     wait_until(lambda: converged(c, sim, fixed), timeout=10)
-    wait_until(lambda: not c.degraded(huge.id), timeout=10)
+    wait_until(lambda: not c.pools.degraded(huge.id), timeout=10)
 
 
 def test_pools_converge_through_no_leader_bursts(
@@ -380,7 +380,7 @@ def test_pools_converge_through_no_leader_bursts(
     wait_until(c.ready)
     http = Http(sim.address)
     http.request("PUT", "/_sim/faults", json={"http_error_rate": 0.3}).raise_for_status()
-    c.put_environment(ENV)
+    c.pools.put_environment(ENV)
     wait_until(lambda: len(idle_ready(c)) == ENV.prewarming_pool_size, timeout=15)
     http.request("PUT", "/_sim/faults", json={"http_error_rate": 0.0}).raise_for_status()
     wait_until(lambda: converged(c, sim), timeout=10)

@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import requests
 
+from controller.nomad.events import EventRef
 from controller.nomad.stream import EventStream
 from controller.sim import SimServer
 from tests.helpers import Http, runner_job, wait_until
@@ -27,10 +28,10 @@ class Collector:
     """on_events / on_state: remembers every delivered frame and state change."""
 
     def __init__(self) -> None:
-        self.frames: list[tuple[int, list[dict[str, Any]]]] = []
+        self.frames: list[tuple[int, tuple[EventRef, ...]]] = []
         self.states: list[bool] = []
 
-    def on_events(self, index: int, events: list[dict[str, Any]]) -> None:
+    def on_events(self, index: int, events: tuple[EventRef, ...]) -> None:
         self.frames.append((index, events))
 
     def on_state(self, connected: bool) -> None:
@@ -41,7 +42,7 @@ class Collector:
         return [i for i, _ in self.frames]
 
     def keys(self, topic: str) -> list[str]:
-        return [e["Key"] for _, events in self.frames for e in events if e["Topic"] == topic]
+        return [e.key for _, events in self.frames for e in events if e.topic == topic]
 
 
 @pytest.fixture
@@ -83,7 +84,7 @@ def test_delivers_frames_of_the_subscribed_topics(sim: SimServer, streams: Any) 
     wait_until(lambda: {first["Index"], second["Index"]} <= set(seen.indexes))
     assert seen.indexes == sorted(set(seen.indexes))
     assert {"1-a", "2-b"} <= set(seen.keys("Job"))
-    assert {e["Topic"] for _, events in seen.frames for e in events} == {"Job"}
+    assert {e.topic for _, events in seen.frames for e in events} == {"Job"}
     assert stream.last_index == seen.indexes[-1]
     assert stream.frames == len(seen.frames)
     assert (seen.states, stream.reconnects) == ([True], 0)

@@ -28,6 +28,7 @@ import pytest
 from controller.clock import ManualClock
 from controller.metrics import Metrics
 from controller.model import Allocation, Environment, LossReason, Phase
+from controller.nomad.events import decode_events
 from controller.nomad.gateway import IndexConflict
 from controller.reconcile.claims import NoRunnerAvailable
 from controller.reconcile.loop import Controller, ControllerSettings
@@ -98,10 +99,10 @@ class Scene:
         for alloc in allocs:
             index = self.nomad.put_alloc(alloc)
             events.append(alloc_event(self.nomad.allocs[alloc.id], index))
-        self.controller._on_events(self.nomad.index, events)
+        self.controller._on_events(self.nomad.index, decode_events(events))
 
     def reconcile(self) -> None:
-        assert self.controller.reconcile(ENV.id), "a write failed"
+        assert self.controller.reconciler.reconcile(ENV.id).ok, "a write failed"
 
     def probe(self) -> list[str]:
         """Every runner a claim by another client would be handed, in order.
@@ -165,14 +166,14 @@ def scene() -> Iterator[Scene]:
     controller = Controller(nomad, SETTINGS, clock=clock, metrics=Metrics())
     s = Scene(clock, nomad, controller)
     try:
-        controller.put_environment(ENV)
+        controller.pools.put_environment(ENV)
         s.reconcile()
         first = nomad.created()
         assert len(first) == 2
         for n, job_id in enumerate(first):
             s.place(job_id, f"old-{n}", "agent-3")
         s.reconcile()
-        assert controller.pool_counts(ENV.id).idle_ready == 2
+        assert controller.pools.pool_counts(ENV.id).idle_ready == 2
         held = controller.claims.claim(ENV.id, 60)
         s.claimed = held.id
         s.idle = next(j for j in first if j != held.id)
@@ -180,7 +181,7 @@ def scene() -> Iterator[Scene]:
         (s.other,) = [j for j in nomad.created() if j not in first]
         s.place(s.other, "other-0", "agent-5")
         s.reconcile()
-        counts = controller.pool_counts(ENV.id)
+        counts = controller.pools.pool_counts(ENV.id)
         assert (counts.idle_ready, counts.idle_starting, counts.claimed) == (2, 0, 1)
         clock.advance(30)
         yield s
@@ -236,7 +237,7 @@ def test_migration_in_any_order_through_the_controller(
         assert (s.idle in offered) == new_running, (name, position, offered)
 
     # Resyncs later: nothing changes any more.
-    controller.sync()
+    controller.pools.sync()
     s.reconcile()
 
     assert nomad.end_claims(s.claimed) == ["migrated"], name
@@ -249,7 +250,7 @@ def test_migration_in_any_order_through_the_controller(
     assert idle_view.phase is Phase.READY and idle_view.alloc is not None
     assert idle_view.alloc.id == new_idle, "the idle runner serves from its new allocation"
     assert s.idle not in nomad.deregistered() and nomad.created() == created
-    counts = controller.pool_counts(ENV.id)
+    counts = controller.pools.pool_counts(ENV.id)
     assert (counts.idle_ready, counts.idle_starting, counts.claimed, counts.lost) == (2, 0, 0, 1)
     assert s.violations() == 0
 

@@ -90,7 +90,11 @@ def setup(runners: int = 2) -> tuple[FakeGateway, Observer, list[str]]:
         gw.allocs.append(Allocation(id=f"a{n}", job_id=job_id, client_status="running"))
         ids.append(job_id)
     clock = ManualClock()
-    return gw, Observer(gw, clock, Expectations(clock), Metrics()), ids
+    return (
+        gw,
+        Observer(gateway=gw, clock=clock, expectations=Expectations(clock), metrics=Metrics()),
+        ids,
+    )
 
 
 def test_first_refresh_reads_everything_then_only_what_changed() -> None:

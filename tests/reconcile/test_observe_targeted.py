@@ -14,6 +14,7 @@ from controller.metrics import Metrics
 from controller.model import Allocation, Claim, Environment, Phase
 from controller.nomad import jobs
 from controller.nomad.decode import decode_job_stub
+from controller.nomad.events import decode_events
 from controller.nomad.gateway import (
     AllocListing,
     JobListing,
@@ -150,7 +151,13 @@ def setup(
         nomad.run(runner_id(n))
     clock = ManualClock()
     expectations = Expectations(clock)
-    observer = Observer(nomad, clock, expectations, Metrics(), full_relist_s=full_relist_s)
+    observer = Observer(
+        gateway=nomad,
+        clock=clock,
+        expectations=expectations,
+        metrics=Metrics(),
+        full_relist_s=full_relist_s,
+    )
     observer.set_stream_connected(True)
     observer.refresh()  # the first refresh is full
     nomad.reads.clear()
@@ -160,7 +167,7 @@ def setup(
 def test_nothing_named_means_nothing_read() -> None:
     nomad, observer, _, _ = setup()
     before = observer.snapshot
-    observer.note_event_index(nomad.index + 1, [{"Topic": "Evaluation", "Key": "e"}])
+    observer.note_event_index(nomad.index + 1, decode_events([{"Topic": "Evaluation", "Key": "e"}]))
     snap = observer.current()
     assert nomad.reads == []
     assert snap.runners is before.runners and snap.covers == nomad.index + 1
@@ -170,7 +177,7 @@ def test_named_jobs_are_read_again_and_nothing_else() -> None:
     nomad, observer, _, _ = setup()
     before = observer.snapshot
     nomad.run(runner_id(1), status="pending")  # a new allocation of runner 1 (replacing)
-    observer.note_event_index(nomad.index, [alloc_event(runner_id(1))])
+    observer.note_event_index(nomad.index, decode_events([alloc_event(runner_id(1))]))
     snap = observer.current()
     assert nomad.reads == [
         f"list_jobs_by_id {[runner_id(1)]}",
@@ -186,7 +193,7 @@ def test_a_named_job_that_is_no_longer_listed_is_gone() -> None:
     expectations.expect_delete(ENV.id, runner_id(2))
     nomad.delete(runner_id(2))
     expectations.deleted(runner_id(2), nomad.index)
-    observer.note_event_index(nomad.index, [job_event(runner_id(2))])
+    observer.note_event_index(nomad.index, decode_events([job_event(runner_id(2))]))
     snap = observer.current()
     assert runner_id(2) not in snap.runners
     assert runner_id(2) not in snap.ready.get(ENV.id, ())
@@ -201,7 +208,7 @@ def test_a_read_behind_the_events_keeps_a_creation_pending_and_reads_again() -> 
     nomad.put(jobs.runner_job(template, ENV, new))
     written = nomad.index
     expectations.created(new, written)
-    observer.note_event_index(written, [job_event(new)])
+    observer.note_event_index(written, decode_events([job_event(new)]))
     # A follower answers from before the new job existed (but after all we saw).
     nomad.lag = (written - 1, {new})
     snap = observer.refresh()
@@ -224,9 +231,9 @@ def test_allocations_read_behind_their_events_keep_the_whole_job_pending() -> No
     expectations.expect_create(ENV.id, new)
     nomad.put(jobs.runner_job(template, ENV, new))
     expectations.created(new, nomad.index)
-    observer.note_event_index(nomad.index, [job_event(new)])
+    observer.note_event_index(nomad.index, decode_events([job_event(new)]))
     nomad.run(new)
-    observer.note_event_index(nomad.index, [alloc_event(new)])
+    observer.note_event_index(nomad.index, decode_events([alloc_event(new)]))
     nomad.lag_allocs = (nomad.index - 1, {new})
     observer.refresh()
     assert expectations.pending(ENV.id).creating == 1
@@ -245,7 +252,10 @@ def test_a_full_refresh_after_targeted_ones_rebuilds_at_an_unchanged_index() -> 
         expectations.expect_create(ENV.id, job_id)
         nomad.put(jobs.runner_job(template, ENV, job_id))
         expectations.created(job_id, nomad.index)
-    observer.note_event_index(nomad.index, [job_event(heard)])  # the other event was lost
+    # the other event was lost
+    observer.note_event_index(
+        nomad.index, decode_events([job_event(heard)])
+    )  # the other event was lost
     assert missed not in observer.current().runners
     snap = observer.refresh(full=True)
     assert {heard, missed} <= set(snap.runners)
@@ -315,12 +325,12 @@ def test_an_unreadable_spec_keeps_snapshots_unsafe_until_it_is_read() -> None:
     # Targeted refreshes read it again (not only the next full re-list,
     # minutes away while events flow): still unreadable, still unsafe.
     nomad.run(runner_id(0), status="failed")
-    observer.note_event_index(nomad.index, [alloc_event(runner_id(0))])
+    observer.note_event_index(nomad.index, decode_events([alloc_event(runner_id(0))]))
     snap = observer.current()
     assert not snap.safe and not snap.runners[new].known
     nomad.unreadable.clear()
     nomad.run(runner_id(1), status="failed")
-    observer.note_event_index(nomad.index, [alloc_event(runner_id(1))])
+    observer.note_event_index(nomad.index, decode_events([alloc_event(runner_id(1))]))
     snap = observer.current()
     assert snap.safe and snap.runners[new].known
 
@@ -336,13 +346,13 @@ def test_claimable_runners_stay_oldest_first_through_claims_and_changes() -> Non
     assert [v.id for v in observer.snapshot.claimable(ENV.id)] == [ids[1], ids[3]]
     # Runner 1 stops being ready, then is ready again: back in its place.
     nomad.run(ids[1], status="pending")
-    observer.note_event_index(nomad.index, [alloc_event(ids[1])])
+    observer.note_event_index(nomad.index, decode_events([alloc_event(ids[1])]))
     assert [v.id for v in observer.current().claimable(ENV.id)] == [ids[3]]
     nomad.allocs[f"alloc-{ids[1]}"] = replace(
         nomad.allocs[f"alloc-{ids[1]}"], client_status="running", modify_index=nomad.index + 1
     )
     nomad.index += 1
-    observer.note_event_index(nomad.index, [alloc_event(ids[1])])
+    observer.note_event_index(nomad.index, decode_events([alloc_event(ids[1])]))
     assert [v.id for v in observer.current().claimable(ENV.id)] == [ids[1], ids[3]]
 
 
@@ -353,7 +363,7 @@ def test_follow_refreshes_soon_after_events() -> None:
     thread.start()
     try:
         nomad.run(runner_id(2), status="pending")
-        observer.note_event_index(nomad.index, [alloc_event(runner_id(2))])
+        observer.note_event_index(nomad.index, decode_events([alloc_event(runner_id(2))]))
         wait_until(lambda: observer.snapshot.runners[runner_id(2)].phase is Phase.STARTING)
     finally:
         stop.set()

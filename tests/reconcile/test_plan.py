@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from controller.model import (
     SECOND,
     Allocation,
@@ -16,6 +18,7 @@ from controller.model import (
     RunnerView,
 )
 from controller.reconcile.plan import (
+    IDLE_ONLY_REASONS,
     Budget,
     CreateRunners,
     DeleteReason,
@@ -24,6 +27,8 @@ from controller.reconcile.plan import (
     Plan,
     PlanInput,
     PlanSettings,
+    PoolCounts,
+    count_pool,
     plan,
 )
 
@@ -236,3 +241,41 @@ def test_wake_at_is_the_next_deadline():
     backing_off = Budget(failures=1, retry_at=T0 + 5 * SECOND, last_failure_at=T0)
     assert run([], budget=backing_off).wake_at == T0 + 5 * SECOND
     assert run([view(4), view(5), view(6)]).wake_at is None
+
+
+# --- count_pool: what the API shows -------------------------------------------------
+
+COUNT_CASES = [
+    ("empty", [], PoolCounts()),
+    ("ready idle", [view(1), view(2)], PoolCounts(idle_ready=2)),
+    ("starting idle", [view(1, Phase.STARTING)], PoolCounts(idle_starting=1)),
+    ("unknown counts as starting", [replace(view(1), known=False)], PoolCounts(idle_starting=1)),
+    ("dead idle is not counted", [view(1, Phase.DEAD)], PoolCounts()),
+    ("claimed", [view(1, claim=Claim(alloc_id="a1"))], PoolCounts(claimed=1)),
+    (
+        "lost",
+        [view(1, claim=Claim(alloc_id="a1", lost_reason=LossReason.OOM_KILLED))],
+        PoolCounts(lost=1),
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "views", "counts"), COUNT_CASES, ids=[c[0] for c in COUNT_CASES])
+def test_count_pool(name: str, views: list[RunnerView], counts: PoolCounts) -> None:
+    assert count_pool(views) == counts
+
+
+def test_a_claimed_runner_is_never_deleted_for_an_idle_only_reason() -> None:
+    """Whatever a claimed runner's state, plan ends it only for a reason that
+    may hit a claimed runner (act relies on this split, see IDLE_ONLY_REASONS)."""
+    claimed = [
+        view(n, phase, claim=Claim(alloc_id=f"a{n}"), template_hash=h)
+        for n, (phase, h) in enumerate(
+            [(p, h) for p in Phase for h in (ENV.template_hash, "old")], start=1
+        )
+    ]
+    for env in (ENV, None):
+        out = run(claimed, env=env, now=T0 + 10**6 * SECOND, orphan_since=T0)
+        for action in out.actions:
+            if isinstance(action, DeleteRunner):
+                assert action.reason not in IDLE_ONLY_REASONS, action

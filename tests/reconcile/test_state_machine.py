@@ -67,6 +67,7 @@ from controller.model import (
 from controller.reconcile.derive import derive_runner
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.plan import (
+    IDLE_ONLY_REASONS,
     Budget,
     CreateRunners,
     DeleteReason,
@@ -94,17 +95,7 @@ INACTIVITY_TIMEOUTS_S = (0, 15)
 TICKS_S = (0.03, 0.7, 2.0, 5.0)  # production's gaps between reports, and longer pauses
 FAULT_WINDOW_S = 50.0
 
-# Reasons that remove a runner nobody holds (act.py's _IDLE_REASONS).
-IDLE_REASONS = frozenset(
-    {
-        DeleteReason.SURPLUS,
-        DeleteReason.OUTDATED,
-        DeleteReason.DEAD,
-        DeleteReason.FAILED_TO_START,
-        DeleteReason.STARTUP_TIMEOUT,
-        DeleteReason.ORPHAN,
-    }
-)
+IDLE_REASONS = IDLE_ONLY_REASONS
 # Idle runners the controller judged beyond use: each one justifies a replacement.
 REPLACED = frozenset(
     {

@@ -67,7 +67,7 @@ def test_a_failed_release_stays_decided(one_runner: OneRunner) -> None:
 
     one_runner.nomad.before_deregister = unavailable
     one_runner.controller.observer.refresh()
-    assert not one_runner.controller.reconcile(ENV.id)  # the write failed
+    assert not one_runner.controller.reconciler.reconcile(ENV.id).ok  # the write failed
     assert one_runner.api.get(f"/api/v1/runners/{runner_id}").status_code == 410
     one_runner.nomad.before_deregister = None
     one_runner.reconcile()

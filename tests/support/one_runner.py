@@ -26,18 +26,18 @@ class OneRunner:
         self.clock: ManualClock = clock
         self.nomad = nomad or FakeNomad(clock)
         self.controller = Controller(self.nomad, SETTINGS, clock=self.clock, metrics=Metrics())
-        self.api = TestClient(create_app(self.controller))
+        self.api = TestClient(create_app(self.controller.pools))
 
     def close(self) -> None:
         self.controller.actor.shutdown()
 
     def reconcile(self) -> None:
         self.controller.observer.refresh()
-        assert self.controller.reconcile(ENV.id), "a write failed"
+        assert self.controller.reconciler.reconcile(ENV.id).ok, "a write failed"
 
     def claim(self, timeout_s: int = 0) -> str:
         """Fill the pool, place its runner on agent-1 and claim it over the API."""
-        self.controller.put_environment(ENV)
+        self.controller.pools.put_environment(ENV)
         self.reconcile()
         (job_id,) = self.nomad.created()
         now = self.clock.now_ns()

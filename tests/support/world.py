@@ -178,7 +178,7 @@ def world_with(make_sim: Any, **environ: str) -> Iterator[World]:
     sim = make_sim(nodes=2)
     api = ApiServer(sim_settings(sim, **environ)).start()
     try:
-        api.controller.put_environment(ENV)
+        api.controller.pools.put_environment(ENV)
         yield World(sim, api)
     finally:
         api.stop()

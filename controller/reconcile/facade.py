@@ -1,0 +1,143 @@
+"""facade: what the API, executions and file operations ask of the
+controller, in one small type — environments and their counts, claims and
+their use, and a fresh look at Nomad when an answer must not be stale.
+
+Nothing behind it is reached around it: the API holds a `Pools`, not the
+controller's parts, so the parts can change without the routes noticing.
+Environment writes are here because only the API makes them; they show in
+the snapshot at once and wake a pass over the environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+
+from controller.clock import Clock
+from controller.metrics import Metrics
+from controller.model import Environment, LossReason, RunnerView
+from controller.nomad import jobs
+from controller.nomad.gateway import NomadGateway
+from controller.reconcile.claims import Claims, NotLeader
+from controller.reconcile.observe import Observer
+from controller.reconcile.plan import PoolCounts, count_pool
+from controller.reconcile.reconciler import PoolReconciler
+from controller.reconcile.snapshot import Snapshot
+from controller.reconcile.writes import SpecWriter
+
+
+class Pools:
+    def __init__(
+        self,
+        *,
+        gateway: NomadGateway,
+        observer: Observer,
+        claims: Claims,
+        writer: SpecWriter,
+        reconciler: PoolReconciler,
+        clock: Clock,
+        metrics: Metrics,
+        is_leader: Callable[[], bool],
+        ready: Callable[[], bool],
+        enqueue: Callable[[int], None],
+    ) -> None:
+        self._gateway = gateway
+        self._observer = observer
+        self._claims = claims
+        self._writer = writer
+        self._reconciler = reconciler
+        self.clock = clock
+        self.metrics = metrics
+        self.is_leader = is_leader
+        self.ready = ready  # serving: leading and Nomad observed since
+        self._enqueue = enqueue
+
+    # -- Nomad, as observed ------------------------------------------------------
+
+    def nomad_error(self) -> str | None:
+        """Why Nomad cannot be observed right now, or None."""
+        if self._observer.last_error is not None:
+            return self._observer.last_error
+        if not self._observer.observed_once:
+            return "Nomad has not been observed yet"
+        return None
+
+    def sync(self) -> None:
+        """Re-list Nomad now (e.g. `?fetch=true`); raises when Nomad cannot be read."""
+        self._observer.refresh()
+
+    def reread(self, runner_ids: Collection[str]) -> None:
+        """Read these runners from Nomad now (see `Observer.reread`)."""
+        self._observer.reread(runner_ids)
+
+    def _known(self) -> Snapshot:
+        """The snapshot, listing Nomad first if it never was: before that an
+        empty snapshot would say that no environment exists."""
+        if self._observer.observed_once:
+            return self._observer.snapshot
+        return self._observer.current()
+
+    # -- environments ---------------------------------------------------------------
+
+    def environments(self) -> list[Environment]:
+        snap = self._observer.snapshot
+        return [snap.templates[e].env for e in sorted(snap.templates)]
+
+    def environment(self, env_id: int) -> Environment | None:
+        template = self._observer.snapshot.templates.get(env_id)
+        return template.env if template else None
+
+    def pool_counts(self, env_id: int) -> PoolCounts:
+        """Live counts from the snapshot (a claim shows at once, before any pass)."""
+        return count_pool(self._observer.snapshot.views(env_id))
+
+    def degraded(self, env_id: int) -> bool:
+        return self._reconciler.degraded(env_id)
+
+    def put_environment(self, env: Environment) -> bool:
+        """Create or replace an environment's template; True when it is new.
+        Claimed runners keep running; idle ones built from an older template
+        are replaced by the next pass."""
+        if not self.is_leader():
+            raise NotLeader
+        created = self._known().templates.get(env.id) is None
+        self._writer.register(jobs.template_job(env))
+        self._enqueue(env.id)
+        return created
+
+    def delete_environment(self, env_id: int) -> bool:
+        """Delete the template; idle runners go at once, claimed ones when released."""
+        if not self.is_leader():
+            raise NotLeader
+        if self._known().templates.get(env_id) is None:
+            return False
+        self._gateway.deregister_job(jobs.template_job_id(env_id), purge=True)
+        self._observer.forget(jobs.template_job_id(env_id))
+        self._reconciler.orphaned_now(env_id)
+        self._enqueue(env_id)
+        return True
+
+    # -- claims and their use -----------------------------------------------------------
+
+    def claim(self, env_id: int, timeout_s: int) -> RunnerView:
+        return self._claims.claim(env_id, timeout_s)
+
+    def lookup(self, runner_id: str) -> RunnerView | None:
+        return self._claims.lookup(runner_id)
+
+    def touch(self, runner_id: str) -> bool:
+        return self._claims.touch(runner_id)
+
+    def release(self, runner_id: str) -> bool:
+        return self._claims.release(runner_id)
+
+    def record_loss(self, view: RunnerView) -> LossReason | None:
+        return self._claims.record_loss(view)
+
+    def write_loss(self, view: RunnerView, reason: LossReason) -> LossReason | None:
+        return self._claims.write_loss(view, reason)
+
+    def begin_use(self, runner_id: str) -> bool:
+        return self._claims.begin_use(runner_id)
+
+    def end_use(self, runner_id: str) -> None:
+        self._claims.end_use(runner_id)

@@ -1,0 +1,224 @@
+"""snapshot: the immutable picture of every environment and runner that all
+passes and claims read, with the indexes kept beside it, and the pure
+operations that make a new picture from an old one.
+
+Nothing here reads Nomad or knows how job ids are spelt: the observer hands
+in templates and runner views already derived, and gets a new `Snapshot`
+back. Two indexes are kept so that nobody scans every runner:
+
+- `by_env`: each environment's runners (a pass reads one environment);
+- `ready`: each environment's ready, idle, known runners, oldest
+  (CreateIndex) first, kept in order as runners change, so a claim takes
+  the first one without sorting the pool.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+
+from controller.model import Allocation, Phase, RunnerView, Template
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    templates: Mapping[int, Template]
+    runners: Mapping[str, RunnerView]
+    allocs: Mapping[str, tuple[Allocation, ...]]  # runner job id → all its allocations
+    jobs_index: int
+    allocs_index: int
+    covers: int  # every event up to this index happened before the lists were taken
+    taken_at: float  # monotonic
+    safe: bool = True  # no runner's spec was unreadable: deletions may be planned
+    by_env: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    ready: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def env_ids(self) -> set[int]:
+        return set(self.templates) | set(self.by_env)
+
+    def views(self, env_id: int) -> tuple[RunnerView, ...]:
+        return tuple(self.runners[r] for r in self.by_env.get(env_id, ()))
+
+    def claimable(self, env_id: int) -> Iterator[RunnerView]:
+        """The environment's ready idle runners, oldest first."""
+        for runner_id in self.ready.get(env_id, ()):
+            yield self.runners[runner_id]
+
+
+EMPTY = Snapshot({}, {}, {}, 0, 0, 0, 0.0)
+
+
+def is_claimable(view: RunnerView) -> bool:
+    return view.phase is Phase.READY and view.known and not view.claimed
+
+
+def _age(view: RunnerView) -> tuple[int, str]:
+    return (view.job.create_index, view.id)
+
+
+def index_by_env(runners: Mapping[str, RunnerView]) -> dict[int, tuple[str, ...]]:
+    """`by_env` built from scratch."""
+    out: dict[int, list[str]] = defaultdict(list)
+    for view in runners.values():
+        out[view.env_id].append(view.id)
+    return {env: tuple(ids) for env, ids in out.items()}
+
+
+def index_ready(runners: Mapping[str, RunnerView]) -> dict[int, tuple[str, ...]]:
+    """`ready` built from scratch."""
+    out: dict[int, list[RunnerView]] = defaultdict(list)
+    for view in runners.values():
+        if is_claimable(view):
+            out[view.env_id].append(view)
+    return {env: tuple(v.id for v in sorted(views, key=_age)) for env, views in out.items()}
+
+
+def update_ready(
+    ready: Mapping[int, tuple[str, ...]],
+    runners: Mapping[str, RunnerView],
+    changed: Mapping[str, int],
+) -> dict[int, tuple[str, ...]]:
+    """`ready` after the runners `changed` (runner id → environment id)
+    changed, appeared or went away; `runners` is the new state."""
+    by_env: dict[int, list[str]] = defaultdict(list)
+    for runner_id, env_id in changed.items():
+        by_env[env_id].append(runner_id)
+    out = dict(ready)
+    for env_id, ids in by_env.items():
+        current = list(out.get(env_id, ()))
+        gone = set(ids)
+        if len(ids) == 1:
+            if ids[0] in current:
+                current.remove(ids[0])
+        elif not gone.isdisjoint(current):
+            current = [r for r in current if r not in gone]
+        for runner_id in ids:
+            view = runners.get(runner_id)
+            if view is not None and is_claimable(view):
+                bisect.insort(current, runner_id, key=lambda r: _age(runners[r]))
+        if current:
+            out[env_id] = tuple(current)
+        else:
+            out.pop(env_id, None)
+    return out
+
+
+def with_template(snap: Snapshot, template: Template) -> Snapshot:
+    return replace(snap, templates={**snap.templates, template.env.id: template})
+
+
+def without_template(snap: Snapshot, env_id: int) -> Snapshot:
+    if env_id not in snap.templates:
+        return snap
+    templates = dict(snap.templates)
+    del templates[env_id]
+    return replace(snap, templates=templates)
+
+
+def with_runner(snap: Snapshot, view: RunnerView) -> Snapshot:
+    """`view` in place of the runner's current one. A runner not in the
+    snapshot is left out: a new one shows up with the next list."""
+    if view.id not in snap.runners:
+        return snap
+    runners = {**snap.runners, view.id: view}
+    return replace(
+        snap, runners=runners, ready=update_ready(snap.ready, runners, {view.id: view.env_id})
+    )
+
+
+def without_runner(snap: Snapshot, runner_id: str) -> Snapshot:
+    view = snap.runners.get(runner_id)
+    if view is None:
+        return snap
+    runners = dict(snap.runners)
+    del runners[runner_id]
+    by_env = dict(snap.by_env)
+    left = tuple(r for r in by_env.get(view.env_id, ()) if r != runner_id)
+    if left:
+        by_env[view.env_id] = left
+    else:
+        by_env.pop(view.env_id, None)
+    ready = update_ready(snap.ready, runners, {runner_id: view.env_id})
+    return replace(snap, runners=runners, by_env=by_env, ready=ready)
+
+
+@dataclass(frozen=True)
+class Read:
+    """What one refresh read of some jobs: the templates and runner views
+    derived from them, their allocations, and the jobs no longer listed."""
+
+    templates: Mapping[int, Template]
+    runners: Mapping[str, RunnerView]
+    allocs: Mapping[str, tuple[Allocation, ...]]
+    gone_templates: Iterable[int] = ()
+    gone_runners: Iterable[str] = ()
+
+
+def rebuilt(
+    read: Read, *, jobs_index: int, allocs_index: int, covers: int, taken_at: float, safe: bool
+) -> Snapshot:
+    """A snapshot of exactly what a full refresh read (indexes built anew)."""
+    return Snapshot(
+        templates=dict(read.templates),
+        runners=dict(read.runners),
+        allocs={j: a for j, a in read.allocs.items() if a},
+        jobs_index=jobs_index,
+        allocs_index=allocs_index,
+        covers=covers,
+        taken_at=taken_at,
+        safe=safe,
+        by_env=index_by_env(read.runners),
+        ready=index_ready(read.runners),
+    )
+
+
+def merged(
+    base: Snapshot,
+    read: Read,
+    *,
+    jobs_index: int,
+    allocs_index: int,
+    covers: int,
+    taken_at: float,
+    safe: bool,
+) -> Snapshot:
+    """`base` with some jobs read again (a targeted refresh): their views and
+    allocations replaced, the gone ones removed, the indexes updated only for
+    them. The other runners are taken from `base` as they are."""
+    templates = dict(base.templates)
+    runners = dict(base.runners)
+    allocs = dict(base.allocs)
+    changed: dict[str, int] = {}
+    membership_changed = False
+    for env_id in read.gone_templates:
+        templates.pop(env_id, None)
+    for runner_id in read.gone_runners:
+        old = runners.pop(runner_id, None)
+        allocs.pop(runner_id, None)
+        if old is not None:
+            membership_changed = True
+            changed[runner_id] = old.env_id
+    templates.update(read.templates)
+    for job_id, job_allocs in read.allocs.items():
+        if job_allocs:
+            allocs[job_id] = job_allocs
+        else:
+            allocs.pop(job_id, None)
+    for runner_id, view in read.runners.items():
+        membership_changed |= runner_id not in runners
+        runners[runner_id] = view
+        changed[runner_id] = view.env_id
+    return Snapshot(
+        templates=templates,
+        runners=runners,
+        allocs=allocs,
+        jobs_index=max(base.jobs_index, jobs_index),
+        allocs_index=max(base.allocs_index, allocs_index),
+        covers=covers,
+        taken_at=taken_at,
+        safe=safe,
+        by_env=index_by_env(runners) if membership_changed else base.by_env,
+        ready=update_ready(base.ready, runners, changed),
+    )

@@ -1,0 +1,42 @@
+"""writes: how a spec we write reaches the snapshot — register it with Nomad,
+stamp it with the JobModifyIndex Nomad answered (the version any later
+register with EnforceIndex compares against), and show it to the next
+reader at once, before any list does.
+
+A claim, the end of a claim and a new template all write this way; the
+next writer after us (a claimer, a pass) then starts from what we wrote,
+never from the older spec a list still shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from controller.nomad import jobs
+from controller.nomad.gateway import WriteResult
+
+JsonDict = dict[str, Any]
+
+
+class Registers(Protocol):
+    def register_job(self, job: JsonDict, enforce_index: int | None = None) -> WriteResult: ...
+
+
+class ShowsWrites(Protocol):
+    def apply_spec(self, job_id: str, spec: JsonDict) -> None: ...
+
+
+class SpecWriter:
+    def __init__(self, *, gateway: Registers, observer: ShowsWrites) -> None:
+        self._gateway = gateway
+        self._observer = observer
+
+    def register(self, spec: JsonDict, *, enforce_index: int | None = None) -> JsonDict:
+        """Write `spec` (only over version `enforce_index`, when given; 0: only
+        if the job does not exist). Returns the spec as Nomad now holds it.
+        Raises IndexConflict, NomadUnavailable and NomadAPIError as the
+        gateway does, and then nothing is shown."""
+        result = self._gateway.register_job(spec, enforce_index=enforce_index)
+        written = jobs.with_modify_index(spec, result.job_modify_index)
+        self._observer.apply_spec(jobs.job_id(written), written)
+        return written
