@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run sim test lint typecheck unit chaos bench clean
+.PHONY: run sim test lint imports typecheck unit chaos bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,13 +25,17 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The layering contracts in pyproject.toml ([tool.importlinter]).
+imports: $(STAMP)
+	$(BIN)/lint-imports --no-cache
+
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
 	$(BIN)/pytest
 
-test: lint typecheck unit
+test: lint imports typecheck unit
 
 # More chaos seeds than CI runs: make chaos SEEDS=200
 SEEDS ?= 50
