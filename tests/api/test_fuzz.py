@@ -49,7 +49,7 @@ from tests.api.conftest import (
 )
 from tests.conftest import FAST
 from tests.helpers import wait_until
-from tests.reconcile.fake_nomad import FakeNomad
+from tests.support.fake_nomad import FakeNomad
 
 APP_OPTIONS: dict[str, Any] = {"max_pool_size": 3, "api_token": TOKEN}
 AUTH = {"Poseidon-Token": TOKEN}
