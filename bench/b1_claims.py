@@ -30,15 +30,14 @@ from typing import Any
 
 from bench.common import (
     Http,
-    Proc,
     Result,
     idle_runners,
-    processes,
-    start_controller,
+    start_ctlproc,
     start_sim,
     summary_ms,
     wait_for,
 )
+from tests.support.processes import ChildProcess, child_processes
 
 ENV_ID = 1
 POOL = 2000
@@ -126,8 +125,8 @@ def open_loop(api: Http, clients: int, rate: float, seconds: float) -> tuple[Cla
 def measure(
     name: str,
     api: Http,
-    ctl: Proc,
-    sim: Proc,
+    ctl: ChildProcess,
+    sim: ChildProcess,
     run: Any,
     pool: int,
 ) -> dict[str, Any]:
@@ -162,7 +161,7 @@ def run(quick: bool = False) -> Result:
     result = Result("claims", "Claim latency through the HTTP API (warm pool)")
     scale = 0.3 if quick else 1.0
     pool = int(POOL * scale)
-    with processes() as procs:
+    with child_processes() as procs:
         sim_proc, sim = start_sim(procs)
         sim.json("POST", "/_bench/seed", {"env_id": ENV_ID, "runners": pool, "pool": pool})
         wait_for(
@@ -171,7 +170,7 @@ def run(quick: bool = False) -> Result:
             what="seeded runners running",
         )
         started = time.perf_counter()
-        ctl_proc, api = start_controller(procs, sim.address)
+        ctl_proc, api = start_ctlproc(procs, sim.address)
         wait_for(lambda: idle_runners(api, ENV_ID) >= pool, timeout=300, what="pool adopted")
         result.details["adopt_pool_s"] = time.perf_counter() - started
         closed_loop(api, 1, 20)  # warm-up, not recorded

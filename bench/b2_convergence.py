@@ -21,21 +21,21 @@ from bench.common import (
     Result,
     environment_body,
     idle_runners,
-    processes,
-    start_controller,
+    start_ctlproc,
     start_sim,
 )
+from tests.support.processes import child_processes
 
 ENV_ID = 7
 POOL = 1000
 
 
 def converge(stale_rate: float, pool: int) -> dict[str, Any]:
-    with processes() as procs:
+    with child_processes() as procs:
         sim_proc, sim = start_sim(procs, startup_delay_s=0.5)
         if stale_rate:
             sim.json("PUT", "/_sim/faults", {"stale_read_rate": stale_rate})
-        ctl_proc, api = start_controller(procs, sim.address, {"NRC_NOMAD_WRITE_RATE": "0"})
+        ctl_proc, api = start_ctlproc(procs, sim.address, {"NRC_NOMAD_WRITE_RATE": "0"})
         base = sim.json("GET", "/_bench/status")["registered"]
         ctl_cpu, sim_cpu = ctl_proc.cpu_s(), sim_proc.cpu_s()
         started = time.perf_counter()

@@ -23,12 +23,12 @@ from bench.common import (
     Result,
     environment_body,
     idle_runners,
-    processes,
-    start_controller,
+    start_ctlproc,
     start_sim,
     summary_ms,
     wait_for,
 )
+from tests.support.processes import child_processes
 
 ENV_ID = 3
 
@@ -39,9 +39,9 @@ def measure(events: bool, pool: int, write_rate: float, timeout: float) -> dict[
         "NRC_NOMAD_WRITE_RATE": str(write_rate),
         "NRC_EVENT_STREAM": "true" if events else "false",
     }
-    with processes() as procs:
+    with child_processes() as procs:
         _, sim = start_sim(procs, startup_delay_s=0.5)
-        _, api = start_controller(procs, sim.address, env)
+        _, api = start_ctlproc(procs, sim.address, env)
         api.json("GET", "/_bench/probe?reset=1")
         started = time.perf_counter()
         status, _ = api.request(

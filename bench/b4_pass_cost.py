@@ -27,10 +27,11 @@ from typing import Any
 
 import requests
 
-from bench.common import Proc, Result, processes, start_sim, wait_for
+from bench.common import Result, start_sim, wait_for
 from controller.nomad.client import NomadClient
 from controller.nomad.stream import EventStream
 from controller.reconcile.loop import EVENT_TOPICS, Controller, ControllerSettings
+from tests.support.processes import ChildProcess, child_processes
 
 ENV_ID = 1
 
@@ -51,7 +52,7 @@ class Counter:
 def timed(
     work: Callable[[], object],
     counter: Counter,
-    sim: Proc,
+    sim: ChildProcess,
     before: Callable[[], object] = lambda: None,
 ) -> dict[str, float]:
     requests0, bytes0 = counter.requests, counter.bytes
@@ -68,7 +69,7 @@ def timed(
 
 
 def measure(n: int) -> dict[str, Any]:
-    with processes() as procs:
+    with child_processes() as procs:
         nodes = max(25, n // 400)
         sim_proc, sim = start_sim(procs, nodes=nodes, startup_delay_s=0.05, stop_delay_s=0.05)
         seeded = time.perf_counter()

@@ -23,11 +23,11 @@ from bench.common import (
     Result,
     RssSampler,
     idle_runners,
-    processes,
-    start_controller,
+    start_ctlproc,
     start_sim,
     wait_for,
 )
+from tests.support.processes import child_processes
 
 ENV_ID = 1
 RESYNC_S = 2.0
@@ -36,7 +36,7 @@ DEFAULT_RESYNC_S = 30.0
 
 
 def measure(n: int, window_s: float) -> dict[str, Any]:
-    with processes() as procs:
+    with child_processes() as procs:
         nodes = max(25, n // 400)
         _, sim = start_sim(procs, nodes=nodes, startup_delay_s=0.05, stop_delay_s=0.05)
         sim.json("POST", "/_bench/seed", {"env_id": ENV_ID, "runners": n, "pool": n})
@@ -46,7 +46,7 @@ def measure(n: int, window_s: float) -> dict[str, Any]:
             what="seeded runners running",
         )
         started = time.perf_counter()
-        ctl_proc, api = start_controller(
+        ctl_proc, api = start_ctlproc(
             procs, sim.address, {"NRC_RESYNC_INTERVAL": f"{RESYNC_S:g}s"}, timeout=300
         )
         wait_for(lambda: idle_runners(api, ENV_ID) >= n, timeout=300, what="pool adopted")

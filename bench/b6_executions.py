@@ -33,16 +33,15 @@ from websockets.sync.client import connect
 
 from bench.common import (
     Http,
-    Proc,
     Result,
     RssSampler,
     idle_runners,
-    processes,
-    start_controller,
+    start_ctlproc,
     start_sim,
     summary_ms,
     wait_for,
 )
+from tests.support.processes import ChildProcess, child_processes
 
 ENV_ID = 1
 CLIENTS = 20
@@ -255,17 +254,20 @@ def streaming(api: Http, runners: list[str], stop: threading.Event) -> list[thre
     return threads
 
 
-def children_cpu_s(proc: Proc) -> float:
+def children_cpu_s(proc: ChildProcess) -> float:
     """CPU of the commands the simulator ran (its reaped children)."""
     times = proc.ps.cpu_times()
     return float(times.children_user + times.children_system)
 
 
 def _with_controller(
-    procs: list[Proc], sim: Http, env: dict[str, str], body: Callable[[Proc, Http], None]
+    procs: list[ChildProcess],
+    sim: Http,
+    env: dict[str, str],
+    body: Callable[[ChildProcess, Http], None],
 ) -> None:
     setuser = sim.json("GET", "/_bench/status")["setuser"]
-    ctl_proc, api = start_controller(
+    ctl_proc, api = start_ctlproc(
         procs, sim.address, {"NRC_EXEC_UNPRIVILEGED_WRAPPER": f"{setuser} user", **env}
     )
     try:
@@ -281,12 +283,12 @@ def run(quick: bool = False) -> Result:
     # Enough idle runners that 3 s of claims at 100/s never empty the pool.
     pool = CLIENTS + CLAIM_POOL
     details: dict[str, Any] = {}
-    with processes() as procs:
+    with child_processes() as procs:
         sim_proc, sim = start_sim(procs, nodes=5, startup_delay_s=0.05, stop_delay_s=0.05)
         sim.json("POST", "/_bench/seed", {"env_id": ENV_ID, "runners": pool, "pool": pool})
         wait_for(lambda: sim.json("GET", "/_bench/status")["running"] >= pool, 120, what="running")
 
-        def separate(ctl: Proc, api: Http) -> None:
+        def separate(ctl: ChildProcess, api: Http) -> None:
             wait_for(lambda: idle_runners(api, ENV_ID) >= pool, 120, what="pool adopted")
             runners = [claim(api) for _ in range(CLIENTS)]
             details["runners"] = runners
@@ -349,7 +351,7 @@ def run(quick: bool = False) -> Result:
 
         _with_controller(procs, sim, {}, separate)
 
-        def merged(ctl: Proc, api: Http) -> None:
+        def merged(ctl: ChildProcess, api: Http) -> None:
             runners = details["runners"]
             closed_loop(api, runners[:4], 20)
             one, _ = closed_loop(api, runners[:1], int(100 * scale))

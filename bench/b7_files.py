@@ -40,16 +40,15 @@ from websockets.sync.client import connect
 from bench.b6_executions import ENV_ID, children_cpu_s, claim, execute
 from bench.common import (
     Http,
-    Proc,
     Result,
     RssSampler,
     idle_runners,
     percentile,
-    processes,
-    start_controller,
+    start_ctlproc,
     start_sim,
     wait_for,
 )
+from tests.support.processes import ChildProcess, child_processes
 
 RUNNERS = 5  # one per part: upload, listing, download, large upload, large listing
 MAX_UPLOAD = 200_000_000  # NRC_FILES_MAX_UPLOAD for the 100 MiB file's ~140 MB body
@@ -213,7 +212,7 @@ class Cpu:
     """CPU seconds spent meanwhile by the controller, the simulator and the
     commands the simulator ran (the runner's side of the file scripts)."""
 
-    def __init__(self, ctl: Proc, sim: Proc) -> None:
+    def __init__(self, ctl: ChildProcess, sim: ChildProcess) -> None:
         self.ctl, self.sim = ctl, sim
         self.start = self._now()
 
@@ -227,7 +226,7 @@ class Cpu:
 
 
 def uploads(
-    procs: tuple[Proc, Proc], api: Http, runner: str, files: int, times: int
+    procs: tuple[ChildProcess, ChildProcess], api: Http, runner: str, files: int, times: int
 ) -> dict[str, Any]:
     body = submission(files, 10, 20_000)
     cpu = Cpu(*procs)
@@ -269,7 +268,7 @@ def listing(api: Http, runner: str, files: int, times: int) -> dict[str, Any]:
     }
 
 
-def downloads(ctl: Proc, api: Http, runner: str, size: int, times: int) -> dict[str, Any]:
+def downloads(ctl: ChildProcess, api: Http, runner: str, size: int, times: int) -> dict[str, Any]:
     started = time.perf_counter()
     shell(api, runner, f"head -c {size} /dev/urandom > big")
     written_s = time.perf_counter() - started
@@ -312,7 +311,7 @@ def downloads(ctl: Proc, api: Http, runner: str, size: int, times: int) -> dict[
     }
 
 
-def large_listing(ctl: Proc, api: Http, runner: str, entries: int) -> dict[str, Any]:
+def large_listing(ctl: ChildProcess, api: Http, runner: str, entries: int) -> dict[str, Any]:
     """A listing too large to hold: its entries are made by an execution, and
     the controller's RSS is sampled while the JSON streams through it."""
     shell(api, runner, f"mkdir many && cd many && seq 1 {entries} | xargs touch")
@@ -332,7 +331,9 @@ def large_listing(ctl: Proc, api: Http, runner: str, entries: int) -> dict[str, 
     }
 
 
-def large_upload(procs: tuple[Proc, Proc], api: Http, runner: str, size: int) -> dict[str, Any]:
+def large_upload(
+    procs: tuple[ChildProcess, ChildProcess], api: Http, runner: str, size: int
+) -> dict[str, Any]:
     ctl = procs[0]
     body = StreamedUpload("upload.bin", size)
     before = ctl.rss_mb()
@@ -359,7 +360,7 @@ def run(quick: bool = False) -> Result:
     scale = 0.1 if quick else 1.0
     env = {"NRC_FILES_MAX_UPLOAD": str(MAX_UPLOAD)}
     details: dict[str, Any] = {"quick": quick, "controller_env": env}
-    with processes() as procs:
+    with child_processes() as procs:
         sim_proc, sim = start_sim(procs, nodes=5, startup_delay_s=0.05, stop_delay_s=0.05)
         sim.json("POST", "/_bench/seed", {"env_id": ENV_ID, "runners": RUNNERS, "pool": RUNNERS})
         wait_for(
@@ -367,7 +368,7 @@ def run(quick: bool = False) -> Result:
         )
         setuser = sim.json("GET", "/_bench/status")["setuser"]
         wrapper = {"NRC_EXEC_UNPRIVILEGED_WRAPPER": f"{setuser} user"}
-        ctl, api = start_controller(procs, sim.address, {**wrapper, **env})
+        ctl, api = start_ctlproc(procs, sim.address, {**wrapper, **env})
         wait_for(lambda: idle_runners(api, ENV_ID) >= RUNNERS, 120, what="pool adopted")
         runners = [claim(api) for _ in range(RUNNERS)]
         both = (ctl, sim_proc)

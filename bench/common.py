@@ -9,22 +9,23 @@ import json
 import math
 import os
 import platform
-import queue
 import re
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import psutil
+
+from tests.support.controller import start_controller_process
+from tests.support.ports import free_port
+from tests.support.processes import ChildProcess, python_module
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -175,107 +176,21 @@ def summary_ms(values_s: Sequence[float]) -> dict[str, float | None]:
     }
 
 
-# -- processes -----------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Proc:
-    """A benchmark subprocess (`python -m <module>`) that prints `READY <address>`."""
-
-    def __init__(
-        self, module: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None
-    ) -> None:
-        clean = {k: v for k, v in os.environ.items() if not k.startswith(("NRC_", "NOMAD_"))}
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            cwd=ROOT,
-            env={**clean, **dict(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.ps = psutil.Process(self.popen.pid)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.tail: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        self.address = ""
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            self.lines.put(line.rstrip("\n"))
-
-    def wait_ready(self, timeout: float = 60.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                break
-            try:
-                line = self.lines.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            self.tail = [*self.tail[-50:], line]
-            if line.startswith("READY "):
-                self.address = line.split()[1]
-                return self.address
-        raise RuntimeError(
-            f"{self.popen.args!r} did not start (exit {self.popen.poll()}):\n"
-            + "\n".join(self.tail)
-        )
-
-    def drain(self) -> list[str]:
-        out = []
-        while True:
-            try:
-                out.append(self.lines.get_nowait())
-            except queue.Empty:
-                return out
-
-    def cpu_s(self) -> float:
-        times = self.ps.cpu_times()
-        return float(times.user + times.system)
-
-    def rss_mb(self) -> float:
-        return float(self.ps.memory_info().rss) / 2**20
-
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(5)
-
-
-@contextmanager
-def processes() -> Iterator[list[Proc]]:
-    """Every Proc appended to the list is stopped on exit, whatever happens."""
-    started: list[Proc] = []
-    try:
-        yield started
-    finally:
-        for proc in reversed(started):
-            proc.stop()
+# -- processes (tests/support/processes.py runs them) ---------------------------------
 
 
 def start_sim(
-    procs: list[Proc],
+    procs: list[ChildProcess],
     *,
     nodes: int = 25,
     startup_delay_s: float = 0.5,
     stop_delay_s: float = 0.2,
     event_buffer: int = 100,
-) -> tuple[Proc, Http]:
+) -> tuple[ChildProcess, Http]:
     """The simulator in its own process (see bench.simproc)."""
-    proc = Proc(
-        "bench.simproc",
-        [
+    proc = ChildProcess(
+        python_module(
+            "bench.simproc",
             "--port",
             str(free_port()),
             "--nodes",
@@ -286,32 +201,26 @@ def start_sim(
             str(stop_delay_s),
             "--event-buffer",
             str(event_buffer),
-        ],
+        )
     )
     procs.append(proc)
     address = proc.wait_ready()
     return proc, Http(address)
 
 
-def start_controller(
-    procs: list[Proc], nomad: str, env: Mapping[str, str] | None = None, timeout: float = 120.0
-) -> tuple[Proc, Http]:
+def start_ctlproc(
+    procs: list[ChildProcess],
+    nomad: str,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 120.0,
+) -> tuple[ChildProcess, Http]:
     """The controller service in its own process (see bench.ctlproc); returns
     once its API answers and it has observed Nomad."""
-    port = free_port()
-    settings = {
-        "NOMAD_ADDR": nomad,
-        "NRC_API_PORT": str(port),
-        "NRC_LOG_LEVEL": "WARNING",
-        "NRC_LOG_FORMAT": "text",
-        **dict(env or {}),
-    }
-    proc = Proc("bench.ctlproc", env=settings)
-    procs.append(proc)
-    proc.wait_ready(timeout)
-    api = Http(f"http://127.0.0.1:{port}")
-    wait_for(lambda: api.status("GET", "/readyz") == 200, timeout=timeout, what="controller ready")
-    return proc, api
+    settings = {"NRC_LOG_LEVEL": "WARNING", "NRC_LOG_FORMAT": "text", **dict(env or {})}
+    proc = start_controller_process(
+        procs, nomad, settings, argv=python_module("bench.ctlproc"), timeout=timeout
+    )
+    return proc, Http(proc.address)
 
 
 def wait_for(
@@ -425,7 +334,7 @@ def metric_sum(text: str, name: str, labels: Mapping[str, str] | None = None) ->
 class RssSampler:
     """Samples a process's RSS on a thread; `peak_mb` is the highest seen."""
 
-    def __init__(self, proc: Proc, interval: float = 0.2) -> None:
+    def __init__(self, proc: ChildProcess, interval: float = 0.2) -> None:
         self.proc = proc
         self.interval = interval
         self.peak_mb = 0.0

@@ -12,15 +12,7 @@ import psutil
 import pytest
 
 from controller.sim import SimConfig, SimServer
-
-# Short, fixed timings keep the suite fast and deterministic in order.
-FAST = {
-    "startup_delay_ms": 30.0,
-    "stop_delay_ms": 20.0,
-    "migration_stop_lag_ms": 30.0,
-    "heartbeat_interval_ms": 200.0,
-    "stale_lag_ms": 300.0,
-}
+from tests.support.sim import FAST
 
 
 @pytest.fixture

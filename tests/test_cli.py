@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 
@@ -12,12 +11,8 @@ import pytest
 import requests
 
 from tests.helpers import wait_until
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.ports import free_port
+from tests.support.processes import ChildProcess, python_module
 
 
 def answers(url: str) -> bool:
@@ -30,10 +25,8 @@ def answers(url: str) -> bool:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sim_command_serves_nomad_api_until_signalled(sig: signal.Signals) -> None:
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
+    sim = ChildProcess(
+        python_module(
             "controller",
             "sim",
             "--port",
@@ -46,10 +39,7 @@ def test_sim_command_serves_nomad_api_until_signalled(sig: signal.Signals) -> No
             "client",
             "--heartbeat-interval",
             "0.1",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        )
     )
     try:
         base = f"http://127.0.0.1:{port}"
@@ -59,15 +49,14 @@ def test_sim_command_serves_nomad_api_until_signalled(sig: signal.Signals) -> No
         assert faults["migration_ordering"] == "client"
         # An open event stream must not hold up the shutdown.
         stream = requests.get(f"{base}/v1/event/stream", stream=True, timeout=5)
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=15)
+        code = sim.stop(sig, timeout=15)
         stream.close()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
-    assert f"NOMAD_ADDR=http://127.0.0.1:{port}" in out
-    assert "Traceback" not in err
+        sim.kill()
+    output = sim.output()  # stdout and stderr
+    assert code == 0, output
+    assert f"NOMAD_ADDR=http://127.0.0.1:{port}" in output
+    assert "Traceback" not in output
 
 
 @pytest.mark.parametrize(

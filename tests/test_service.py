@@ -4,14 +4,9 @@ subprocesses, real HTTP."""
 from __future__ import annotations
 
 import json
-import os
-import queue
 import re
 import signal
-import socket
 import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -20,23 +15,14 @@ from websockets.sync.client import connect
 
 from controller.sim import SimServer
 from tests.helpers import wait_until
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without any setting of ours, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NRC_", "NOMAD_"))}
-    return {**env, **extra}
+from tests.support.controller import start_controller_process
+from tests.support.ports import free_port
+from tests.support.processes import ChildProcess, child_processes, clean_environ, python_module
 
 
 def command(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "controller", *args],
+        python_module("controller", *args),
         env=env,
         capture_output=True,
         text=True,
@@ -44,61 +30,17 @@ def command(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
     )
 
 
-class Process:
-    """A command whose output lines are collected on a thread."""
-
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "controller", *args],
-            env=clean_env(**env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.seen: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-
-    def wait_for(self, pattern: str, timeout: float = 20.0) -> re.Match[str]:
-        def found() -> re.Match[str] | None:
-            while True:
-                try:
-                    self.seen.append(self.lines.get_nowait())
-                except queue.Empty:
-                    break
-            for line in self.seen:
-                match = re.search(pattern, line)
-                if match:
-                    return match
-            return None
-
-        match = wait_until(found, timeout=timeout)
-        assert match is not None
-        return match
-
-    def stop(self, sig: int = signal.SIGINT, timeout: float = 15.0) -> int:
-        self.proc.send_signal(sig)
-        return self.proc.wait(timeout)
-
-
 @pytest.fixture
-def processes() -> Iterator[list[Process]]:
-    started: list[Process] = []
-    yield started
-    for p in started:
-        if p.proc.poll() is None:
-            p.proc.kill()
-            p.proc.wait(10)
+def processes() -> Iterator[list[ChildProcess]]:
+    with child_processes(signal.SIGKILL) as started:
+        yield started
 
 
-def test_dev_serves_a_demo_pool_and_stops_cleanly(processes: list[Process]) -> None:
+def test_dev_serves_a_demo_pool_and_stops_cleanly(processes: list[ChildProcess]) -> None:
     port = free_port()
-    dev = Process(["dev"], {"NRC_API_PORT": str(port), "NRC_LOG_FORMAT": "text"})
+    dev = ChildProcess(
+        python_module("controller", "dev"), {"NRC_API_PORT": str(port), "NRC_LOG_FORMAT": "text"}
+    )
     processes.append(dev)
     api = dev.wait_for(r"API\s+(http://\S+)/api/v1").group(1)
     assert api == f"http://127.0.0.1:{port}"
@@ -130,20 +72,12 @@ def test_dev_serves_a_demo_pool_and_stops_cleanly(processes: list[Process]) -> N
     assert dev.stop(signal.SIGINT) == 0
 
 
-def test_run_against_a_nomad_and_stop_on_sigterm(sim: SimServer, processes: list[Process]) -> None:
-    port = free_port()
-    run = Process(
-        ["run"],
-        {
-            "NOMAD_ADDR": sim.address,
-            "NRC_API_PORT": str(port),
-            "NRC_LOG_FORMAT": "json",
-            "NRC_API_TOKEN": "s3cret-token",
-        },
-    )
-    processes.append(run)
-    api = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _status(f"{api}/readyz") == 200, timeout=20, interval=0.05)
+def test_run_against_a_nomad_and_stop_on_sigterm(
+    sim: SimServer, processes: list[ChildProcess]
+) -> None:
+    settings = {"NRC_LOG_FORMAT": "json", "NRC_API_TOKEN": "s3cret-token"}
+    run = start_controller_process(processes, sim.address, settings, timeout=20)
+    api = run.address
     auth = {"Authorization": "Bearer s3cret-token"}
     body = {
         "id": 3,
@@ -158,20 +92,13 @@ def test_run_against_a_nomad_and_stop_on_sigterm(sim: SimServer, processes: list
     assert r.status_code == 201, r.text
     assert requests.get(f"{api}/api/v1/execution-environments", timeout=5).status_code == 401
     assert run.stop(signal.SIGTERM) == 0
-    output = "\n".join(run.seen + list(run.lines.queue))
+    output = run.output()
     assert "s3cret-token" not in output
     assert "Traceback" not in output
 
 
-def _status(url: str) -> int:
-    try:
-        return requests.get(url, timeout=2).status_code
-    except requests.RequestException:
-        return 0
-
-
 def test_config_prints_every_setting_without_secrets() -> None:
-    env = clean_env(NOMAD_TOKEN="very-secret", NRC_API_PORT="8080")
+    env = clean_environ(NOMAD_TOKEN="very-secret", NRC_API_PORT="8080")
     out = command("config", env=env).stdout
     assert "very-secret" not in out
     assert re.search(r"NRC_API_PORT\s+8080\s+environment", out)
@@ -183,7 +110,7 @@ def test_config_prints_every_setting_without_secrets() -> None:
 
 @pytest.mark.parametrize("name", ["run", "dev", "config"])
 def test_bad_configuration_exits_2_with_one_line_per_problem(name: str) -> None:
-    result = command(name, env=clean_env(NRC_API_PORT="abc", NRC_API_PROT="1"))
+    result = command(name, env=clean_environ(NRC_API_PORT="abc", NRC_API_PROT="1"))
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert 'NRC_API_PORT: must be an integer between 1 and 65535 (got "abc")' in result.stderr

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from controller.api import create_app
 from controller.api.auth import require_token
-from tests.api.conftest import API, TOKEN, client_for, environment_body, error_of
+from tests.support.api_client import API, TOKEN, client_for, environment_body, error_of
 
 
 @pytest.fixture(scope="module")

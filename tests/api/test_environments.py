@@ -8,8 +8,8 @@ import pytest
 
 from controller.model import Environment
 from controller.nomad import jobs
-from tests.api.conftest import API, Api, MakeApi, dumps, environment_body, error_of
 from tests.helpers import Http, wait_until
+from tests.support.api_client import API, Api, MakeApi, dumps, environment_body, error_of
 
 
 def url(env_id: int | str) -> str:

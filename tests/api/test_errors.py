@@ -18,7 +18,7 @@ from controller.api import create_app
 from controller.api.body import MAX_BODY_BYTES
 from controller.reconcile.facade import Pools
 from controller.reconcile.loop import Controller
-from tests.api.conftest import API, Api, client_for, dumps, environment_body, error_of
+from tests.support.api_client import API, Api, client_for, dumps, environment_body, error_of
 
 
 def test_unknown_routes_are_404_and_wrong_methods_405(api: Api) -> None:

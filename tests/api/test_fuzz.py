@@ -39,17 +39,18 @@ from controller.api.models import MAX_ID
 from controller.clock import ManualClock
 from controller.reconcile.loop import Controller
 from controller.sim import SimConfig, SimServer
-from tests.api.conftest import (
+from tests.helpers import wait_until
+from tests.support.api_client import (
     API,
+    GATEWAY,
     TOKEN,
     Api,
     client_for,
     environment_body,
-    start_controller,
 )
-from tests.conftest import FAST
-from tests.helpers import wait_until
-from tests.reconcile.fake_nomad import FakeNomad
+from tests.support.controller import start_controller
+from tests.support.fake_nomad import FakeNomad
+from tests.support.sim import FAST
 
 APP_OPTIONS: dict[str, Any] = {"max_pool_size": 3, "api_token": TOKEN}
 AUTH = {"Poseidon-Token": TOKEN}
@@ -130,7 +131,7 @@ def fuzzed() -> Iterator[Api]:
     config: dict[str, Any] = dict(FAST)
     sim = SimServer(SimConfig(**config))
     sim.start()
-    controller = start_controller(sim)
+    controller = start_controller(sim.address, **GATEWAY)
     try:
         wait_until(controller.ready, timeout=10)
         app = create_app(controller.pools, **APP_OPTIONS)

@@ -10,9 +10,9 @@ from controller.api import create_app
 from controller.api.app import PACKAGE_VERSION
 from controller.nomad.client import NomadClient
 from controller.reconcile.loop import Controller
-from tests.api.conftest import API, Api, MakeApi, client_for, environment_body, error_of
-from tests.e2e.conftest import TEST_SETTINGS
 from tests.helpers import Http, wait_until
+from tests.support.api_client import API, Api, MakeApi, client_for, environment_body, error_of
+from tests.support.controller import TEST_SETTINGS
 
 
 def eligible(api: Api, yes: bool) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.api.conftest import Api
+from tests.support.api_client import Api
 
 METHODS = ("get", "put", "post", "delete", "patch")
 

@@ -33,8 +33,8 @@ from referencing.jsonschema import DRAFT4
 from starlette.testclient import WebSocketDenialResponse
 
 from controller.api import create_app
-from tests.api.conftest import API, TOKEN, Api, environment_body
 from tests.reference import document
+from tests.support.api_client import API, TOKEN, Api, environment_body
 
 POSEIDON = document("poseidon-api.yaml")
 ROOT_URI = "urn:poseidon-api"

@@ -10,8 +10,8 @@ import pytest
 
 from controller.api.runners import claimed_at, lost_message
 from controller.model import SECOND, LossReason
-from tests.api.conftest import API, Api, dumps, error_of
 from tests.helpers import Http, runner_job, wait_until
+from tests.support.api_client import API, Api, dumps, error_of
 
 
 def test_claim_hands_out_a_ready_runner_with_its_ports(api: Api, env_id: int) -> None:

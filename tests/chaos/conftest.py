@@ -1,6 +1,6 @@
 """Which chaos seeds run, and how a failing one is replayed.
 
-- default (CI, `make test`): the fixed seeds in `CI_SEEDS`;
+- default (CI, `make test`): the fixed seeds in `scenario.CI_SEEDS`;
 - `--chaos-seeds=N` (`make chaos SEEDS=N`): seeds 1 … N;
 - `--chaos-seed=S` (repeatable): exactly those seeds — the replay command a
   failing run prints;
@@ -18,10 +18,8 @@ from collections.abc import Generator
 import pytest
 
 from tests.chaos.run import REPLAY, ChaosResult
+from tests.chaos.scenario import CI_SEEDS
 
-# Fixed, so CI is repeatable; together they cover every kind of action
-# (tests/chaos/test_scenario.py checks that).
-CI_SEEDS = (1, 4, 6, 7, 13, 23, 28)
 RESULTS = pytest.StashKey[list[ChaosResult]]()
 
 

@@ -15,14 +15,8 @@ to its API, and Nomad's own record of what happened.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import random
 import re
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -37,6 +31,9 @@ from controller.sim import SimServer
 from controller.sim.core import Simulator
 from controller.sim.records import Alloc
 from controller.sim.state import ALLOCS, JOBS, Commit
+from tests.support.controller import controller_environ
+from tests.support.ports import stable_port
+from tests.support.processes import ChildProcess, python_module
 
 RUNNER_ID = re.compile(r"^(\d+)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 TEMPLATE_ID = re.compile(r"^template-(\d+)$")
@@ -55,25 +52,6 @@ CONTROLLER_ENV = {
     "NRC_NOMAD_TIMEOUT": "5s",
     "NRC_LOST_RUNNER_RETENTION": "1h",
 }
-
-
-def listening_port() -> int:
-    """A free port below the kernel's ephemeral range: the controller listens on
-    it again after every SIGKILL, and no outgoing connection of the run can be
-    given that port as its own meanwhile (one from the ephemeral range could)."""
-    low = 32768
-    with contextlib.suppress(OSError, ValueError):
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(10000, max(10001, low))
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port below the ephemeral range")
 
 
 def config_meta(spec: dict[str, Any]) -> dict[str, str]:
@@ -410,11 +388,11 @@ class ControllerProcess:
         self.wrapper = wrapper
         # Python run before `run` starts (a mutant, tests/chaos/mutants.py), or nothing.
         self.prelude = prelude
-        self.port = listening_port()
+        self.port = stable_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_dir = log_dir
         self.starts = 0
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: ChildProcess | None = None
         self.logs: list[Path] = []
         self.killed: set[int] = set()  # processes ended by SIGKILL (their last line may be cut)
         # nrc_invariant_violations_total of processes we killed, read just before.
@@ -424,28 +402,23 @@ class ControllerProcess:
         self.starts += 1
         path = self.log_dir / f"controller-{self.starts}.log"
         self.logs.append(path)
-        clean = {k: v for k, v in os.environ.items() if not k.startswith(("NRC_", "NOMAD_"))}
-        env = {
-            **clean,
+        environ = controller_environ(
+            self.nomad_address,
+            self.port,
             **CONTROLLER_ENV,
-            "NOMAD_ADDR": self.nomad_address,
-            "NRC_API_PORT": str(self.port),
-            "NRC_EXEC_UNPRIVILEGED_WRAPPER": self.wrapper,
-        }
-        with path.open("wb") as out:
-            command = ["-c", self.prelude] if self.prelude else ["-m", "controller", "run"]
-            self.proc = subprocess.Popen(
-                [sys.executable, *command],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+            NRC_EXEC_UNPRIVILEGED_WRAPPER=self.wrapper,
+        )
+        if self.prelude:
+            command = [sys.executable, "-c", self.prelude]
+        else:
+            command = python_module("controller", "run")
+        self.proc = ChildProcess(command, environ, log=path)
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.proc is not None and self.proc.alive()
 
     def exit_code(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
+        return None if self.proc is None else self.proc.returncode
 
     def invariant_counters(self) -> dict[str, float] | None:
         """nrc_invariant_violations_total by invariant, or None when unreadable."""
@@ -467,15 +440,13 @@ class ControllerProcess:
         counters = self.invariant_counters()
         if counters is not None:
             self.invariant_violations.append(counters)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
+        if self.proc.alive():
             self.killed.add(self.starts)
-        self.proc.wait(10)
+        self.proc.kill()
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc is not None:
             self.proc.kill()
-            self.proc.wait(10)
 
     def log_lines(self) -> tuple[list[LogLine], list[str]]:
         """Every JSON log line of every process, and the lines that were not JSON

@@ -3,8 +3,8 @@ cover every kind of action (instant: no cluster is started)."""
 
 from __future__ import annotations
 
-from tests.chaos.conftest import CI_SEEDS
 from tests.chaos.scenario import (
+    CI_SEEDS,
     KINDS,
     OPERATOR,
     DeleteEnv,

@@ -31,7 +31,7 @@ from tests.deploy.support import (
     in_build_context,
     key_values,
 )
-from tests.test_service import free_port
+from tests.support.ports import free_port
 
 PYPROJECT: dict[str, Any] = tomllib.loads((REPO / "pyproject.toml").read_text())
 INSTRUCTIONS = dockerfile()

@@ -11,7 +11,6 @@ and is given nothing to reach but the controller."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,8 @@ from tests.deploy.support import (
     selectors,
 )
 from tests.helpers import wait_until
-from tests.test_service import free_port
+from tests.support.ports import free_port
+from tests.support.processes import ChildProcess
 
 JOB = "nomad-runner-controller"  # the shipped scrape job
 # Selectors that a healthy dev controller may rightly leave empty.
@@ -83,32 +83,26 @@ def prometheus(
     workdir = tmp_path_factory.mktemp("prometheus")
     config = pointed_at(dev_controller.removeprefix("http://"), workdir)
     url = f"http://127.0.0.1:{free_port()}"
-    with (workdir / "prometheus.log").open("w") as log:
-        proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={workdir / 'data'}",
-                f"--web.listen-address={url.removeprefix('http://')}",
-            ],
-            cwd=workdir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            wait_until(lambda: proc.poll() is not None or _ready(url), timeout=15, interval=0.05)
-            assert proc.poll() is None, (workdir / "prometheus.log").read_text()
-            server = Prometheus(url)
-            # Prometheus hands discovered targets to its scrapers every 5 s.
-            wait_until(lambda: server.query(f'up{{job="{JOB}"}} == 1'), timeout=15, interval=0.1)
-            yield server
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+    log = workdir / "prometheus.log"
+    proc = ChildProcess(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address={url.removeprefix('http://')}",
+        ],
+        log=log,
+        cwd=workdir,
+    )
+    try:
+        wait_until(lambda: not proc.alive() or _ready(url), timeout=15, interval=0.05)
+        assert proc.alive(), log.read_text()
+        server = Prometheus(url)
+        # Prometheus hands discovered targets to its scrapers every 5 s.
+        wait_until(lambda: server.query(f'up{{job="{JOB}"}} == 1'), timeout=15, interval=0.1)
+        yield server
+    finally:
+        proc.stop(timeout=10)
 
 
 def _ready(url: str) -> bool:

@@ -4,7 +4,6 @@ errors, namespaces, blocking queries, allocations and variable locks."""
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,8 +24,9 @@ from controller.nomad.gateway import (
     NomadUnavailable,
 )
 from controller.sim import SimConfig, SimServer
-from tests.conftest import FAST
 from tests.helpers import Http, runner_job, wait_until
+from tests.support.ports import free_port
+from tests.support.sim import FAST
 
 
 class Recorder:
@@ -205,12 +205,6 @@ def test_4xx_is_not_retried(make_sim: Callable[..., SimServer]) -> None:
     authorised, _ = make_client(server.address, token="s3cret")
     authorised.register_job(runner_job("1-a"))
     assert [s.id for s in authorised.list_jobs().jobs] == ["1-a"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_unreachable_nomad_is_unavailable_after_the_attempts() -> None:

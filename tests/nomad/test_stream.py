@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from controller.nomad.events import EventRef
 from controller.nomad.stream import EventStream
 from controller.sim import SimServer
 from tests.helpers import Http, runner_job, wait_until
+from tests.support.ports import free_port
 
 
 class Collector:
@@ -287,12 +287,6 @@ def scripted() -> Iterator[Callable[..., Scripted]]:
     yield start
     for server in servers:
         server.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def frame(index: int) -> bytes:

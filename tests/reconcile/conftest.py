@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.one_runner import OneRunner
+from tests.support.pool import Pool
 
 
 @pytest.fixture
@@ -17,3 +18,13 @@ def one_runner() -> Iterator[OneRunner]:
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture
+def pool() -> Iterator[Pool]:
+    """Observer, Claims and Actor over the in-memory Nomad, nothing in it yet."""
+    p = Pool()
+    try:
+        yield p
+    finally:
+        p.close()

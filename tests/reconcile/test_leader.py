@@ -4,114 +4,26 @@ never both leader."""
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import pytest
 
 from controller.clock import ManualClock
-from controller.nomad.gateway import Lock, LockHeld, NomadAPIError, NomadUnavailable
+from controller.nomad.gateway import LockHeld, NomadAPIError, NomadUnavailable
 from controller.reconcile.leader import LeaderElector
 from tests.helpers import wait_until
+from tests.support.fake_nomad import FakeLocks, FakeNomad
 
 TTL = 10.0
 PATH = "nomad-runner-controller/leader"
 
 
-@dataclass
-class Held:
-    lock_id: str
-    expires: float
-    ttl_s: float
-    delay_s: float
-
-
-class FakeLocks:
-    """Nomad's variable lock, strictly: dead one TTL after the last acquire or
-    renew (Nomad itself waits 2×TTL), then refused to everyone for LockDelay."""
-
-    def __init__(self, clock: ManualClock) -> None:
-        self.clock = clock
-        self.held: dict[str, Held] = {}
-        self._ids = itertools.count(1)
-
-    def holder(self, path: str = PATH) -> str | None:
-        h = self.held.get(path)
-        return h.lock_id if h is not None and self.clock.monotonic() < h.expires else None
-
-    def acquire(self, path: str, ttl_s: float, lock_delay_s: float) -> Lock:
-        now = self.clock.monotonic()
-        h = self.held.get(path)
-        if h is not None and now < h.expires + h.delay_s:
-            raise LockHeld(path)
-        lock_id = f"lock-{next(self._ids)}"
-        self.held[path] = Held(lock_id, now + ttl_s, ttl_s, lock_delay_s)
-        return Lock(path, lock_id)
-
-    def renew(self, lock: Lock) -> None:
-        h = self.held.get(lock.path)
-        if h is None or h.lock_id != lock.lock_id or self.clock.monotonic() >= h.expires:
-            raise LockHeld(lock.path)
-        h.expires = self.clock.monotonic() + h.ttl_s
-
-    def release(self, lock: Lock) -> None:
-        h = self.held.get(lock.path)
-        if h is not None and h.lock_id == lock.lock_id:
-            del self.held[lock.path]
-
-    def steal(self, path: str = PATH) -> None:
-        self.held[path] = Held("thief", self.clock.monotonic() + 1000 * TTL, 1000 * TTL, 0)
-
-
-class FakeGateway:
-    """One replica's view of the lock backend: can fail every call, and can
-    run hooks while a request is in flight: `before` the server sees it (a
-    slow request) or `after` (a slow response)."""
-
-    def __init__(self, backend: FakeLocks) -> None:
-        self.backend = backend
-        self.fail: Exception | None = None
-        self.calls: list[tuple[str, object]] = []
-        self.before: Callable[[], None] | None = None
-        self.after: Callable[[], None] | None = None
-
-    def _call(self, name: str, arg: object) -> None:
-        self.calls.append((name, arg))
-        if self.before is not None:
-            self.before()
-        if self.fail is not None:
-            raise self.fail
-
-    def _return(self) -> None:
-        if self.after is not None:
-            self.after()
-
-    def lock_acquire(self, path: str, ttl_s: float, lock_delay_s: float) -> Lock:
-        self._call("acquire", (path, ttl_s, lock_delay_s))
-        lock = self.backend.acquire(path, ttl_s, lock_delay_s)
-        self._return()
-        return lock
-
-    def lock_renew(self, lock: Lock) -> None:
-        self._call("renew", lock)
-        self.backend.renew(lock)
-        self._return()
-
-    def lock_release(self, lock: Lock) -> None:
-        self._call("release", lock)
-        self.backend.release(lock)
-        self._return()
-
-    def names(self) -> list[str]:
-        return [name for name, _ in self.calls]
-
-
 class Replica:
+    """One controller replica: its own gateway to the lock backend all share."""
+
     def __init__(self, backend: FakeLocks, clock: ManualClock) -> None:
-        self.gateway = FakeGateway(backend)
+        self.gateway = FakeNomad(clock, locks=backend)
         self.changes: list[bool] = []
         self.elector = LeaderElector(
             self.gateway, PATH, clock, ttl_s=TTL, on_change=self.changes.append
@@ -134,10 +46,10 @@ def test_first_step_acquires_with_ttl_and_lock_delay(
     r = Replica(backend, clock)
     assert not r.elector.is_leader()
     assert r.elector.step() == pytest.approx(0.7 * TTL)
-    assert r.gateway.calls == [("acquire", (PATH, TTL, TTL))]
+    assert r.gateway.lock_calls == [("acquire", (PATH, TTL, TTL))]
     assert r.elector.is_leader()
     assert r.changes == [True]
-    assert backend.holder() is not None
+    assert backend.holder(PATH) is not None
 
 
 def test_renews_every_0_7_ttl_and_stays_leader(clock: ManualClock, backend: FakeLocks) -> None:
@@ -147,7 +59,7 @@ def test_renews_every_0_7_ttl_and_stays_leader(clock: ManualClock, backend: Fake
         assert r.elector.step() == pytest.approx(0.7 * TTL)
         assert r.elector.is_leader()
         clock.advance(0.7 * TTL)
-    assert r.gateway.names() == ["acquire"] + ["renew"] * 5
+    assert r.gateway.lock_names() == ["acquire"] + ["renew"] * 5
     assert r.changes == [True]
 
 
@@ -164,7 +76,7 @@ def test_leadership_ends_when_the_lease_runs_out_even_without_a_step(
     assert r.changes == [True], "on_change is sent by the next step"
     assert r.elector.step() == 0.0
     assert r.changes == [True, False]
-    assert r.gateway.names() == ["acquire", "release"]
+    assert r.gateway.lock_names() == ["acquire", "release"]
 
 
 def test_lease_is_timed_from_the_start_of_a_slow_renew(
@@ -178,9 +90,9 @@ def test_lease_is_timed_from_the_start_of_a_slow_renew(
         clock.advance(0.5 * TTL)  # Nomad renewed at t = 7; we hear of it at t = 12
         seen_in_flight.append(r.elector.is_leader())
 
-    r.gateway.after = slow_response
+    r.gateway.after_lock = slow_response
     r.elector.step()
-    r.gateway.after = None
+    r.gateway.after_lock = None
     assert seen_in_flight == [False], "a replica stuck in a renew must stop acting at once"
     # The renew did succeed, so the new lease runs from its start: until t = 17.
     assert r.elector.is_leader()
@@ -199,9 +111,9 @@ def test_renew_that_reaches_nomad_too_late_loses_leadership(
     def slow_request() -> None:
         clock.advance(0.5 * TTL)  # reaches Nomad at t = 12, after the lock died
 
-    r.gateway.before = slow_request
+    r.gateway.before_lock = slow_request
     r.elector.step()
-    r.gateway.before = None
+    r.gateway.before_lock = None
     assert not r.elector.is_leader()
     assert r.changes == [True, False]
 
@@ -211,13 +123,13 @@ def test_lock_taken_by_another_ends_leadership_at_once(
 ) -> None:
     r = Replica(backend, clock)
     clock.advance(r.elector.step())
-    backend.steal()
+    backend.steal(PATH, 1000 * TTL)
     assert r.elector.step() == pytest.approx(1.1 * TTL)
     assert not r.elector.is_leader()
     assert r.changes == [True, False]
     clock.advance(1.1 * TTL)
     assert r.elector.step() == pytest.approx(1.1 * TTL)
-    assert r.gateway.names() == ["acquire", "renew", "acquire"]
+    assert r.gateway.lock_names() == ["acquire", "renew", "acquire"]
     assert not r.elector.is_leader()
 
 
@@ -230,17 +142,17 @@ def test_renew_errors_are_retried_within_the_lease(
 ) -> None:
     r = Replica(backend, clock)
     clock.advance(r.elector.step())  # t = 7, lease until 10
-    r.gateway.fail = error
+    r.gateway.lock_failure = error
     assert r.elector.step() == pytest.approx(0.1 * TTL)
     clock.advance(0.1 * TTL)  # t = 8
     assert r.elector.step() == pytest.approx(0.1 * TTL)
     assert r.elector.is_leader()
-    r.gateway.fail = None
+    r.gateway.lock_failure = None
     clock.advance(0.1 * TTL)  # t = 9
     assert r.elector.step() == pytest.approx(0.7 * TTL)
     assert r.elector.is_leader()
     assert r.changes == [True], "a blip that the retries ride out is not a loss"
-    assert r.gateway.names() == ["acquire", "renew", "renew", "renew"]
+    assert r.gateway.lock_names() == ["acquire", "renew", "renew", "renew"]
 
 
 @pytest.mark.parametrize(
@@ -252,7 +164,7 @@ def test_renew_errors_until_the_lease_ends_lose_leadership(
 ) -> None:
     r = Replica(backend, clock)
     clock.advance(r.elector.step())  # t = 7, lease until 10
-    r.gateway.fail = error
+    r.gateway.lock_failure = error
     delays = []
     while r.elector.is_leader():
         delay = r.elector.step()
@@ -264,10 +176,10 @@ def test_renew_errors_until_the_lease_ends_lose_leadership(
     assert r.changes == [True]
     assert r.elector.step() == 0.0
     assert r.changes == [True, False]
-    assert r.gateway.names()[-1] == "release", "gives the lock up in case Nomad still has it"
+    assert r.gateway.lock_names()[-1] == "release", "gives the lock up in case Nomad still has it"
     # Back to acquiring, on the slower schedule while Nomad is unreachable.
     assert r.elector.step() == pytest.approx(1.1 * TTL)
-    assert r.gateway.names()[-1] == "acquire"
+    assert r.gateway.lock_names()[-1] == "acquire"
 
 
 @pytest.mark.parametrize(
@@ -277,13 +189,13 @@ def test_follower_retries_acquire_every_1_1_ttl(
     clock: ManualClock, backend: FakeLocks, error: Exception
 ) -> None:
     r = Replica(backend, clock)
-    r.gateway.fail = error
+    r.gateway.lock_failure = error
     for _ in range(3):
         assert r.elector.step() == pytest.approx(1.1 * TTL)
         assert not r.elector.is_leader()
-    assert r.gateway.names() == ["acquire"] * 3
+    assert r.gateway.lock_names() == ["acquire"] * 3
     assert r.changes == []
-    r.gateway.fail = None
+    r.gateway.lock_failure = None
     r.elector.step()
     assert r.elector.is_leader()
     assert r.changes == [True]
@@ -294,20 +206,20 @@ def test_stop_releases_the_lock_and_steps_no_more(clock: ManualClock, backend: F
     r.elector.step()
     r.elector.stop()
     assert not r.elector.is_leader()
-    assert backend.holder() is None
+    assert backend.holder(PATH) is None
     assert r.changes == [True, False]
     r.elector.step()
-    assert r.gateway.names() == ["acquire", "release"]
+    assert r.gateway.lock_names() == ["acquire", "release"]
 
 
 def test_stop_during_an_acquire_releases_what_it_returns(
     clock: ManualClock, backend: FakeLocks
 ) -> None:
     r = Replica(backend, clock)
-    r.gateway.before = r.elector.stop
+    r.gateway.before_lock = r.elector.stop
     r.elector.step()
     assert not r.elector.is_leader()
-    assert backend.holder() is None
+    assert backend.holder(PATH) is None
     assert r.changes == []
 
 
@@ -326,7 +238,7 @@ def test_thread_acquires_and_stop_is_prompt(clock: ManualClock, backend: FakeLoc
     start = time.monotonic()
     r.elector.stop()
     assert time.monotonic() - start < 1.0, "the thread waits on an Event, not a sleep"
-    assert backend.holder() is None
+    assert backend.holder(PATH) is None
     with pytest.raises(RuntimeError):
         r.elector.start()
 
@@ -348,7 +260,7 @@ def test_two_replicas_are_never_both_leader_and_fail_over(
         now = i * tick
         if now == 50.0:
             if failure == "unreachable":
-                a.gateway.fail = NomadUnavailable("partitioned")
+                a.gateway.lock_failure = NomadUnavailable("partitioned")
             else:
                 frozen.add("a")
         for name, r in replicas.items():
@@ -372,7 +284,7 @@ def test_two_replicas_are_never_both_leader_and_fail_over(
     assert b.changes == [True]
 
     # The old leader comes back: it must find the lock gone and stay a follower.
-    a.gateway.fail = None
+    a.gateway.lock_failure = None
     frozen.clear()
     for i in range(int(60 / tick)):
         now = 120 + i * tick

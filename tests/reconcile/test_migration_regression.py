@@ -32,7 +32,7 @@ from controller.nomad.events import decode_events
 from controller.nomad.gateway import IndexConflict
 from controller.reconcile.claims import NoRunnerAvailable
 from controller.reconcile.loop import Controller, ControllerSettings
-from tests.reconcile.fake_nomad import FakeNomad, JsonDict
+from tests.support.fake_nomad import FakeNomad, JsonDict
 
 ENV = Environment(id=7, image="python:3.12", prewarming_pool_size=2)
 MIGRATING = "alloc is being migrated"

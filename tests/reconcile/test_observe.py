@@ -2,99 +2,34 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from controller.clock import ManualClock
 from controller.metrics import Metrics
 from controller.model import Allocation, Claim, Environment, Phase
 from controller.nomad import jobs
-from controller.nomad.gateway import (
-    AllocListing,
-    JobListing,
-    JobStub,
-    NomadUnavailable,
-    WriteResult,
-)
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.observe import Observer
-from tests.reconcile.fake_nomad import NoLocks
+from tests.support.fake_nomad import FakeNomad
 
 ENV = Environment(id=7, image="python:3.12", prewarming_pool_size=2)
 UIDS = [f"00000000-0000-0000-0000-{n:012d}" for n in range(10)]
 
 
-class FakeGateway(NoLocks):
-    """Jobs and allocations in memory; counts reads; hooks to misbehave."""
-
-    def __init__(self) -> None:
-        self.index = 10
-        self.specs: dict[str, dict[str, Any]] = {}
-        self.allocs: list[Allocation] = []
-        self.gets: list[str] = []
-        self.failing_gets: set[str] = set()
-        self.lists_index_override: int | None = None
-        self.during_get: Callable[[], None] | None = None
-
-    def put(self, spec: dict[str, Any]) -> dict[str, Any]:
-        self.index += 1
-        spec = {**spec, "JobModifyIndex": self.index, "Status": "running"}
-        self.specs[spec["ID"]] = spec
-        return spec
-
-    def list_jobs(self, prefix: str = "", index: int = 0, wait_s: float = 0) -> JobListing:
-        stubs = tuple(
-            JobStub(
-                id=s["ID"],
-                job_modify_index=s["JobModifyIndex"],
-                modify_index=s["JobModifyIndex"],
-                create_index=s["JobModifyIndex"],
-                submit_time=0,
-                status=s["Status"],
-                stop=bool(s.get("Stop")),
-                type="batch",
-            )
-            for s in self.specs.values()
-        )
-        return JobListing(stubs, self.lists_index_override or self.index)
-
-    def get_job(self, job_id: str) -> dict[str, Any] | None:
-        self.gets.append(job_id)
-        if self.during_get is not None:
-            hook, self.during_get = self.during_get, None
-            hook()
-        if job_id in self.failing_gets:
-            raise NomadUnavailable("boom")
-        return self.specs.get(job_id)
-
-    def list_allocations(self, index: int = 0, wait_s: float = 0) -> AllocListing:
-        return AllocListing(tuple(self.allocs), self.lists_index_override or self.index)
-
-    def register_job(self, job: dict[str, Any], enforce_index: int | None = None) -> WriteResult:
-        spec = self.put(job)
-        return WriteResult(self.index, spec["JobModifyIndex"])
-
-    def deregister_job(self, job_id: str, purge: bool = True) -> WriteResult:
-        self.index += 1
-        self.specs.pop(job_id, None)
-        return WriteResult(self.index, 0)
-
-
-def setup(runners: int = 2) -> tuple[FakeGateway, Observer, list[str]]:
-    gw = FakeGateway()
+def setup(runners: int = 2) -> tuple[FakeNomad, Observer, list[str]]:
+    clock = ManualClock()
+    gw = FakeNomad(clock)
     template = gw.put(jobs.template_job(ENV))
     ids = []
     for n in range(runners):
         job_id = jobs.runner_job_id(ENV.id, UIDS[n])
         gw.put(jobs.runner_job(template, ENV, job_id))
-        gw.allocs.append(Allocation(id=f"a{n}", job_id=job_id, client_status="running"))
+        gw.put_alloc(Allocation(id=f"a{n}", job_id=job_id, client_status="running"))
         ids.append(job_id)
-    clock = ManualClock()
-    return (
-        gw,
-        Observer(gateway=gw, clock=clock, expectations=Expectations(clock), metrics=Metrics()),
-        ids,
+    observer = Observer(
+        gateway=gw, clock=clock, expectations=Expectations(clock), metrics=Metrics()
     )
+    return gw, observer, ids
 
 
 def test_first_refresh_reads_everything_then_only_what_changed() -> None:
@@ -104,7 +39,7 @@ def test_first_refresh_reads_everything_then_only_what_changed() -> None:
     assert {v.id for v in snap.views(ENV.id)} == set(ids)
     assert all(v.phase is Phase.READY and not v.claimed for v in snap.views(ENV.id))
     assert sorted(gw.gets) == sorted([jobs.template_job_id(ENV.id), *ids])
-    gw.gets.clear()
+    gw.reads.clear()
     gw.put(jobs.with_claim(gw.specs[ids[0]], Claim(alloc_id="a0")))  # someone claims
     snap = obs.refresh()
     assert gw.gets == [ids[0]]
@@ -114,7 +49,7 @@ def test_first_refresh_reads_everything_then_only_what_changed() -> None:
 def test_unchanged_indexes_keep_the_snapshot_without_reading_specs() -> None:
     gw, obs, _ = setup()
     first = obs.refresh()
-    gw.gets.clear()
+    gw.reads.clear()
     obs.note_event_index(99)
     again = obs.current()
     assert again.runners == first.runners and again.covers == 99
@@ -125,14 +60,14 @@ def test_a_stale_list_never_moves_the_snapshot_backwards() -> None:
     gw, obs, ids = setup()
     good = obs.refresh()
     gw.specs.pop(ids[0])  # a follower that has not seen ...
-    gw.lists_index_override = good.jobs_index - 1  # ... everything we already saw
+    gw.list_index = good.jobs_index - 1  # ... everything we already saw
     assert obs.refresh() is good
     assert obs.snapshot.runners.keys() == good.runners.keys()
 
 
 def test_an_unreadable_spec_makes_the_pass_unsafe_and_the_runner_unknown() -> None:
     gw, obs, ids = setup()
-    gw.failing_gets.add(ids[1])
+    gw.unreadable.add(ids[1])
     snap = obs.refresh()
     assert not snap.safe
     assert not snap.runners[ids[1]].known and snap.runners[ids[0]].known
@@ -143,7 +78,8 @@ def test_our_writes_during_a_refresh_are_laid_over_its_result() -> None:
     obs.refresh()
     claimed: dict[str, Any] = {}
 
-    def claim_meanwhile() -> None:
+    def claim_meanwhile(job_id: str) -> None:
+        gw.before_get = None  # once
         # A claim lands while the refresh reads specs (after it chose which
         # cached specs to reuse): its result must still show the claim.
         spec = jobs.with_claim(gw.specs[ids[0]], Claim(alloc_id="a0"))
@@ -156,7 +92,7 @@ def test_our_writes_during_a_refresh_are_laid_over_its_result() -> None:
         obs.forget(ids[1])
 
     gw.put(gw.specs[ids[2]])  # a change elsewhere makes the refresh read a spec
-    gw.during_get = claim_meanwhile
+    gw.before_get = claim_meanwhile
     snap = obs.refresh()
     assert snap.runners[ids[0]].claimed, "a claim must never vanish under a refresh"
     assert ids[1] not in snap.runners

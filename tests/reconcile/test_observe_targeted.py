@@ -11,126 +11,20 @@ import pytest
 
 from controller.clock import ManualClock
 from controller.metrics import Metrics
-from controller.model import Allocation, Claim, Environment, Phase
+from controller.model import Claim, Environment, Phase
 from controller.nomad import jobs
-from controller.nomad.decode import decode_job_stub
 from controller.nomad.events import decode_events
-from controller.nomad.gateway import (
-    AllocListing,
-    JobListing,
-    JobStub,
-    NomadAPIError,
-    WriteResult,
-)
 from controller.reconcile import observe
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.observe import Observer
 from tests.helpers import wait_until
-from tests.reconcile.fake_nomad import NoLocks
+from tests.support.fake_nomad import FakeNomad
 
 ENV = Environment(id=5, image="python:3.12", prewarming_pool_size=3)
 
 
 def runner_id(n: int) -> str:
     return jobs.runner_job_id(ENV.id, f"00000000-0000-0000-0000-{n:012d}")
-
-
-class ScopedNomad(NoLocks):
-    """Jobs and allocations in memory, with the filtered lists of NomadClient.
-    Records every read; `lag` makes the next by-id reads answer from before
-    the given jobs existed, at the given index (a follower behind)."""
-
-    def __init__(self) -> None:
-        self.index = 100
-        self.specs: dict[str, dict[str, Any]] = {}
-        self.allocs: dict[str, Allocation] = {}
-        self.reads: list[str] = []
-        self.lag: tuple[int, set[str]] | None = None
-        self.lag_allocs: tuple[int, set[str]] | None = None  # the same, allocations only
-        self.unreadable: set[str] = set()  # get_job fails for these
-
-    # -- writes the tests make ---------------------------------------------------------
-
-    def put(self, spec: dict[str, Any]) -> dict[str, Any]:
-        self.index += 1
-        old = self.specs.get(spec["ID"])
-        spec = {
-            **spec,
-            "JobModifyIndex": self.index,
-            "ModifyIndex": self.index,
-            "CreateIndex": old["CreateIndex"] if old else self.index,
-            "Status": "running",
-            "SubmitTime": 1,
-        }
-        self.specs[spec["ID"]] = spec
-        return spec
-
-    def run(self, job_id: str, status: str = "running") -> Allocation:
-        self.index += 1
-        alloc = Allocation(
-            id=f"alloc-{job_id}",
-            job_id=job_id,
-            client_status=status,
-            create_index=self.index,
-            modify_index=self.index,
-            started_at=1 if status == "running" else None,
-        )
-        self.allocs[alloc.id] = alloc
-        return alloc
-
-    def delete(self, job_id: str) -> None:
-        self.index += 1
-        del self.specs[job_id]
-        self.allocs = {k: a for k, a in self.allocs.items() if a.job_id != job_id}
-
-    # -- NomadGateway ------------------------------------------------------------------
-
-    def _stub(self, spec: dict[str, Any]) -> JobStub:
-        return decode_job_stub(spec)  # a spec holds every field of a list stub
-
-    def list_jobs(self, prefix: str = "", index: int = 0, wait_s: float = 0) -> JobListing:
-        self.reads.append("list_jobs")
-        return JobListing(tuple(self._stub(s) for s in self.specs.values()), self.index)
-
-    def list_allocations(self, index: int = 0, wait_s: float = 0) -> AllocListing:
-        self.reads.append("list_allocations")
-        return AllocListing(tuple(self.allocs.values()), self.index)
-
-    def get_job(self, job_id: str) -> dict[str, Any] | None:
-        self.reads.append(f"get_job {job_id}")
-        if job_id in self.unreadable:
-            raise NomadAPIError(500, "rpc error")
-        return self.specs.get(job_id)
-
-    def register_job(self, job: dict[str, Any], enforce_index: int | None = None) -> WriteResult:
-        spec = self.put(job)
-        return WriteResult(self.index, spec["JobModifyIndex"])
-
-    def deregister_job(self, job_id: str, purge: bool = True) -> WriteResult:
-        self.delete(job_id)
-        return WriteResult(self.index, 0)
-
-    # -- ScopedLists -------------------------------------------------------------------
-
-    def list_jobs_by_id(self, job_ids: Any) -> JobListing:
-        self.reads.append(f"list_jobs_by_id {sorted(job_ids)}")
-        index, hidden = self.lag or (self.index, set())
-        listed = [j for j in sorted(job_ids) if j in self.specs and j not in hidden]
-        stubs = tuple(self._stub(self.specs[j]) for j in listed)
-        return JobListing(stubs, index)
-
-    def list_allocations_of_jobs(self, job_ids: Any) -> AllocListing:
-        self.reads.append(f"list_allocations_of_jobs {sorted(job_ids)}")
-        index, hidden = self.lag or self.lag_allocs or (self.index, set())
-        self.lag = self.lag_allocs = None
-        allocs = tuple(
-            a for a in self.allocs.values() if a.job_id in job_ids and a.job_id not in hidden
-        )
-        return AllocListing(allocs, index)
-
-    def list_allocation_versions(self) -> AllocListing:
-        self.reads.append("list_allocation_versions")
-        return AllocListing(tuple(self.allocs.values()), self.index)
 
 
 def job_event(job_id: str) -> dict[str, Any]:
@@ -143,13 +37,13 @@ def alloc_event(job_id: str) -> dict[str, Any]:
 
 def setup(
     runners: int = 3, full_relist_s: float = 300.0
-) -> tuple[ScopedNomad, Observer, Expectations, ManualClock]:
-    nomad = ScopedNomad()
+) -> tuple[FakeNomad, Observer, Expectations, ManualClock]:
+    clock = ManualClock()
+    nomad = FakeNomad(clock, index=100)
     template = nomad.put(jobs.template_job(ENV))
     for n in range(runners):
         nomad.put(jobs.runner_job(template, ENV, runner_id(n)))
         nomad.run(runner_id(n))
-    clock = ManualClock()
     expectations = Expectations(clock)
     observer = Observer(
         gateway=nomad,

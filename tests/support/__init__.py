@@ -1,2 +1,12 @@
 """Helpers shared by tests in several folders (and by bench/): import from
-here, never from conftest.py or from another test module."""
+here, never from conftest.py or from another test module. Fixtures stay in
+the conftest files and call into these modules:
+
+- `fake_nomad`: the in-memory Nomad of the unit tests;
+- `ports`, `processes`, `controller`: loopback ports, child processes, and
+  controllers started in this process or as a child;
+- `sim`: the simulator's test timings;
+- `api_client`: the API tests' OpenAPI-checked clients and request bodies;
+- `one_runner`, `api_server`, `world`: a controller over the fake with one
+  runner; the whole service on uvicorn; a learning platform's client of it.
+"""

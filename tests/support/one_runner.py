@@ -11,7 +11,7 @@ from controller.clock import ManualClock
 from controller.metrics import Metrics
 from controller.model import Allocation, Environment
 from controller.reconcile.loop import Controller, ControllerSettings
-from tests.reconcile.fake_nomad import FakeNomad
+from tests.support.fake_nomad import FakeNomad
 
 ENV = Environment(id=5, image="python:3.12", prewarming_pool_size=1)
 SETTINGS = ControllerSettings(workers=1, write_concurrency=1, write_rate_per_s=0)
