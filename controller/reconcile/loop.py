@@ -128,7 +128,6 @@ class Controller:
         )
         self.reconciler = PoolReconciler(
             observer=self.observer,
-            expectations=self.expectations,
             claims=self.claims,
             actor=self.actor,
             clock=self.clock,

@@ -27,6 +27,10 @@
 - Our own writes are applied to the snapshot at once (`apply_spec`, `forget`),
   so a claim is visible to the next claimer before any list shows it; a
   refresh that began before a write lays the write over its result.
+- Expectations are settled in the same step (under the lock) as the snapshot
+  that shows what settled them is installed, and a pass reads both together
+  (`snapshot_and_pending`): a creation is counted by the snapshot or as
+  pending, never by neither (over-creation) nor by both.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ from controller.nomad.gateway import (
 )
 from controller.reconcile import snapshot as snapshots
 from controller.reconcile.derive import derive_runner
-from controller.reconcile.expectations import Expectations
+from controller.reconcile.expectations import Expectations, Pending
 from controller.reconcile.heard import Heard, Mentions, Named
 from controller.reconcile.snapshot import EMPTY, Read, Snapshot
 from controller.reconcile.specs import CachedSpec, SpecCache
@@ -153,6 +157,17 @@ class Observer:
     def snapshot(self) -> Snapshot:
         with self._lock:
             return self._snapshot
+
+    def snapshot_and_pending(self, env_id: int) -> tuple[Snapshot, Pending]:
+        """The snapshot and the environment's expectations, read together.
+
+        A refresh settles expectations in the same step as it installs the
+        snapshot that shows what settled them, so in this pair every creation
+        is counted once: by the snapshot or as pending. Read apart, a pass
+        could take the snapshot before a refresh installs its successor and
+        the expectations after the refresh settled them, and create again."""
+        with self._lock:
+            return self._snapshot, self._expectations.pending(env_id)
 
     @property
     def observed_once(self) -> bool:
@@ -329,12 +344,11 @@ class Observer:
                 # The current snapshot, not `prev`: it has our writes since.
                 snap = replace(self._snapshot, covers=covers, taken_at=self._clock.monotonic())
                 self._snapshot = snap
+                self._expectations.observe(frozenset(prev.runners), job_list.index)
                 self._last_full = started
-            self._expectations.observe(frozenset(prev.runners), job_list.index)
             self.refreshes["unchanged"] += 1
             return snap
         stubs = {s.id: s for s in job_list.jobs if jobs.env_id_of(s.id) is not None}
-        self._expectations.observe(frozenset(stubs), job_list.index)
         result = self._read_jobs(stubs, stubs, alloc_list)
         snap = snapshots.rebuilt(
             result.read,
@@ -348,6 +362,7 @@ class Observer:
         with self._lock:
             self._specs.keep_only(stubs)
             snap = self._install(snap, result.specs)
+            self._expectations.observe(frozenset(stubs), job_list.index)
             self._observed_once = True
             self._last_full = started
             self._full_indexes = (job_list.index, alloc_list.index)
@@ -430,11 +445,6 @@ class Observer:
             taken_at=self._clock.monotonic(),
             safe=True,
         )
-        # Every job an event up to `covers` named has been read: the merged
-        # snapshot shows every job as of min(covers, list index).
-        self._expectations.observe(
-            _Listed(merged.runners, merged.templates), min(covers, job_list.index)
-        )
         # A safe snapshot had no unknown runner, and our writes make none: only
         # the jobs read now can be unknown (no scan of every runner).
         still_unknown = any(
@@ -452,6 +462,11 @@ class Observer:
                     self._specs.drop(job_id)
                     self._derived.pop(job_id, None)
             snap = self._install(snap, result.specs)
+            # Every job an event up to `covers` named has been read: the merged
+            # snapshot shows every job as of min(covers, list index).
+            self._expectations.observe(
+                _Listed(merged.runners, merged.templates), min(covers, job_list.index)
+            )
         if result.unreadable:
             self._heard.put_back({job_id: named[job_id] for job_id in result.unreadable})
         self.refreshes["targeted"] += 1

@@ -17,7 +17,7 @@ from typing import Protocol
 from controller.clock import Clock
 from controller.metrics import Metrics
 from controller.model import SECOND, Phase, RunnerView, Template
-from controller.reconcile.expectations import Expectations
+from controller.reconcile.expectations import Pending
 from controller.reconcile.plan import Action, Budget, PlanInput, PlanSettings, PoolCounts, plan
 from controller.reconcile.snapshot import Snapshot
 from controller.reconcile.worker import Result
@@ -28,6 +28,8 @@ class Observes(Protocol):
     def snapshot(self) -> Snapshot: ...
 
     def current(self, max_age_s: float | None = None) -> Snapshot: ...
+
+    def snapshot_and_pending(self, env_id: int) -> tuple[Snapshot, Pending]: ...
 
 
 class Acts(Protocol):
@@ -47,7 +49,6 @@ class PoolReconciler:
         self,
         *,
         observer: Observes,
-        expectations: Expectations,
         claims: KnowsClaims,
         actor: Acts,
         clock: Clock,
@@ -56,7 +57,6 @@ class PoolReconciler:
         is_leader: Callable[[], bool],
     ) -> None:
         self._observer = observer
-        self._expectations = expectations
         self._claims = claims
         self._actor = actor
         self._clock = clock
@@ -76,7 +76,10 @@ class PoolReconciler:
         if not self._is_leader():
             return Result()
         started = self._clock.monotonic()
-        snap = self._observer.current()
+        self._observer.current()
+        # The newest snapshot with the expectations it does not show yet, read
+        # together (the snapshot `current` returned may already be settled).
+        snap, pending = self._observer.snapshot_and_pending(env_id)
         now = self._clock.now_ns()
         template = snap.templates.get(env_id)
         views = snap.views(env_id)
@@ -87,7 +90,6 @@ class PoolReconciler:
                 self._orphan_since.pop(env_id, None)
                 orphan_since = None
             budget = self._budgets.get(env_id, Budget())
-        pending = self._expectations.pending(env_id)
         result = plan(
             PlanInput(
                 env_id=env_id,

@@ -1,0 +1,120 @@
+"""Regression (chaos seeds 10, 26, 36, 112, …): runner jobs created twice
+after the event stream was cut, and deleted again as `surplus` a moment later.
+
+What happened (seed 10, environment 12, pool 4): the stream had just been
+cut, so every refresh was a full one and no event marked the snapshot stale.
+A full refresh listed Nomad at index 262, which showed the four runners a pass
+had created at indexes 245–255, and settled their creation expectations at
+once; it then read the new jobs' specs (through a burst of `No cluster
+leader` retries) and installed the snapshot showing them 66 ms later. In
+between, a pass planned: the snapshot it was handed was still the previous
+one (index 214, without the four runners) — fresh, as no event said otherwise
+— and it asked the expectations afterwards, which no longer counted them. It
+created four runners more; 240 ms later a pass saw them all and deleted the
+extra as `surplus` (invariant 5: 22 jobs created where 20 were needed).
+
+The rule now: a refresh settles expectations in the same step (under the
+observer's lock) as it installs the snapshot that shows what settled them,
+and a pass reads its snapshot and the pending expectations together
+(`Observer.snapshot_and_pending`), so every creation is counted exactly once:
+by the snapshot, or as pending.
+
+The timing is reproduced exactly: the in-memory Nomad calls back while the
+refresh reads a new runner's spec, and the pass runs there.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.nomad import jobs
+from controller.reconcile.snapshot import Snapshot
+from tests.support.one_runner import ENV, OneRunner
+
+
+def new_runner_read(one_runner: OneRunner, then: object) -> list[str]:
+    """Make the next read of a runner's spec (by a refresh) call `then` first,
+    once; returns the ids read."""
+    read: list[str] = []
+
+    def before_get_job(job_id: str) -> None:
+        if jobs.runner_env_id(job_id) == ENV.id and not read:
+            read.append(job_id)
+            assert callable(then)
+            then()
+
+    one_runner.nomad.before_get = before_get_job
+    return read
+
+
+def test_a_pass_while_a_refresh_reads_new_runners_creates_nothing_more(
+    one_runner: OneRunner,
+) -> None:
+    """No event stream: every refresh is full and the snapshot counts as fresh
+    (the state after a cut). A pass that plans while a refresh has listed the
+    runners just created, but not yet installed its snapshot, creates none."""
+    one_runner.controller.pools.put_environment(ENV)
+    one_runner.reconcile()
+    (created,) = one_runner.nomad.created()
+    passes: list[bool] = []
+    read = new_runner_read(
+        one_runner, lambda: passes.append(one_runner.controller.reconciler.reconcile(ENV.id).ok)
+    )
+
+    one_runner.controller.observer.refresh()  # lists the runner; the pass runs as it reads it
+
+    assert read == [created]
+    assert passes == [True]
+    assert one_runner.nomad.created() == [created], "the pass created the runner again"
+    one_runner.nomad.before_get = None
+    one_runner.reconcile()
+    assert one_runner.nomad.created() == [created]
+    assert one_runner.nomad.deregistered() == [], "an over-created runner was deleted as surplus"
+
+
+def test_a_creation_stays_pending_until_the_snapshot_that_shows_it(
+    one_runner: OneRunner,
+) -> None:
+    """Between a list that shows a new runner and the snapshot built from it,
+    the pair a pass reads still counts the runner as pending; afterwards the
+    snapshot shows it and it is pending no more: never neither, never both."""
+    observer = one_runner.controller.observer
+    one_runner.controller.pools.put_environment(ENV)
+    one_runner.reconcile()
+    (created,) = one_runner.nomad.created()
+    seen: list[tuple[bool, int]] = []
+
+    def look() -> None:
+        snap, pending = observer.snapshot_and_pending(ENV.id)
+        seen.append((created in snap.runners, pending.creating))
+
+    new_runner_read(one_runner, look)
+    observer.refresh()
+    look()
+
+    assert seen == [(False, 1), (True, 0)]
+
+
+def test_a_refresh_that_ends_just_after_the_pass_took_its_snapshot(
+    one_runner: OneRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The narrower form of the same race: another thread's refresh installs
+    its snapshot and settles the creation right after the pass was handed the
+    previous snapshot. The pass plans from the pair it reads afterwards, which
+    shows the runner, and creates none."""
+    observer = one_runner.controller.observer
+    one_runner.controller.pools.put_environment(ENV)
+    one_runner.reconcile()
+    (created,) = one_runner.nomad.created()
+    handed = observer.current
+
+    def current_then_a_refresh_ends(max_age_s: float | None = None) -> Snapshot:
+        snap = handed(max_age_s)
+        monkeypatch.setattr(observer, "current", handed)
+        observer.refresh()
+        return snap
+
+    monkeypatch.setattr(observer, "current", current_then_a_refresh_ends)
+    assert one_runner.controller.reconciler.reconcile(ENV.id).ok
+
+    assert one_runner.nomad.created() == [created], "the pass created the runner again"
