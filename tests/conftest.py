@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 import pytest
 
-from controller.sim import SimConfig, SimServer
+from nomadsim import SimConfig, SimServer
 
 # Short, fixed timings keep the suite fast and deterministic in order.
 FAST = {

@@ -18,7 +18,7 @@ import pytest
 import requests
 from websockets.sync.client import connect
 
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.helpers import wait_until
 
 

@@ -32,7 +32,7 @@ from controller.api import create_app
 from controller.model import Phase
 from controller.nomad.client import NomadClient
 from controller.reconcile.loop import Controller, ControllerSettings
-from controller.sim import SimConfig, SimServer
+from nomadsim import SimConfig, SimServer
 from tests.conftest import FAST
 from tests.e2e.conftest import TEST_SETTINGS, stream_factory
 from tests.helpers import wait_until

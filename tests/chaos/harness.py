@@ -33,10 +33,10 @@ from typing import Any
 
 import requests
 
-from controller.sim import SimServer
-from controller.sim.core import Simulator
-from controller.sim.records import Alloc
-from controller.sim.state import ALLOCS, JOBS, Commit
+from nomadsim import SimServer
+from nomadsim.core import Simulator
+from nomadsim.records import Alloc
+from nomadsim.state import ALLOCS, JOBS, Commit
 
 RUNNER_ID = re.compile(r"^(\d+)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 TEMPLATE_ID = re.compile(r"^template-(\d+)$")

@@ -13,7 +13,7 @@ from controller.nomad.client import NomadClient
 from controller.nomad.stream import EventStream
 from controller.reconcile.loop import EVENT_TOPICS, Controller, ControllerSettings, EventSource
 from controller.reconcile.plan import PlanSettings
-from controller.sim import SimServer
+from nomadsim import SimServer
 
 # Short timings so every test converges in well under a second or two.
 TEST_SETTINGS = ControllerSettings(

@@ -24,7 +24,7 @@ from controller.nomad.gateway import (
     NomadGateway,
     NomadUnavailable,
 )
-from controller.sim import SimConfig, SimServer
+from nomadsim import SimConfig, SimServer
 from tests.conftest import FAST
 from tests.helpers import Http, runner_job, wait_until
 

@@ -9,7 +9,7 @@ that really runs exec'd commands on this host, without isolation), `drainer`
 and locks), `http` and `alloc_exec` (the routes; `gojson` has Go's error
 texts) and `server` (running it). It imports nothing from the controller."""
 
-from controller.sim.core import Faults, NomadError, SimConfig, Simulator
-from controller.sim.server import SimServer
+from nomadsim.core import ORDERINGS, Faults, NomadError, SimConfig, Simulator
+from nomadsim.server import SimServer
 
-__all__ = ["Faults", "NomadError", "SimConfig", "SimServer", "Simulator"]
+__all__ = ["ORDERINGS", "Faults", "NomadError", "SimConfig", "SimServer", "Simulator"]

@@ -46,13 +46,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from controller.sim.encode import group_of
-from controller.sim.gojson import quote
-from controller.sim.records import RUNNING, Alloc, JsonDict
-from controller.sim.state import ALLOCS, NODES, Commit
+from nomadsim.encode import group_of
+from nomadsim.gojson import quote
+from nomadsim.records import RUNNING, Alloc, JsonDict
+from nomadsim.state import ALLOCS, NODES, Commit
 
 if TYPE_CHECKING:
-    from controller.sim.core import Simulator
+    from nomadsim.core import Simulator
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from controller.sim.encode import SECOND, alloc_metric, group_of
-from controller.sim.records import (
+from nomadsim.encode import SECOND, alloc_metric, group_of
+from nomadsim.records import (
     COMPLETE,
     FAILED,
     LOST,
@@ -25,10 +25,10 @@ from controller.sim.records import (
     Node,
     RescheduleEvent,
 )
-from controller.sim.state import stamp_alloc
+from nomadsim.state import stamp_alloc
 
 if TYPE_CHECKING:
-    from controller.sim.core import Simulator
+    from nomadsim.core import Simulator
 
 NOT_NEEDED = "alloc not needed due to job update"
 MIGRATING = "alloc is being migrated"

@@ -31,8 +31,8 @@ from typing import TypeVar
 import uvicorn
 from starlette.applications import Starlette
 
-from controller.sim.core import SimConfig, Simulator
-from controller.sim.http import routes
+from nomadsim.core import SimConfig, Simulator
+from nomadsim.http import routes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

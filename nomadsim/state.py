@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from controller.sim.records import Alloc, Eval, JobRecord, Node, Variable
+from nomadsim.records import Alloc, Eval, JobRecord, Node, Variable
 
 JOBS = "jobs"
 JOB_SUMMARY = "job_summary"

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from controller.sim.client import Client
-from controller.sim.clock import Clock, SystemClock, Timers
-from controller.sim.drainer import Drainer, drain_eval
-from controller.sim.driver import Driver, ExecRefused, Execution
-from controller.sim.encode import (
+from nomadsim.client import Client
+from nomadsim.clock import Clock, SystemClock, Timers
+from nomadsim.drainer import Drainer, drain_eval
+from nomadsim.driver import Driver, ExecRefused, Execution
+from nomadsim.encode import (
     JobValidationError,
     alloc_datum,
     alloc_full,
@@ -28,12 +28,12 @@ from controller.sim.encode import (
     job_summary,
     json_bytes,
 )
-from controller.sim.events import EventBroker
-from controller.sim.gojson import quote
-from controller.sim.records import Alloc, Eval, JobRecord, JsonDict, Node
-from controller.sim.scheduler import Scheduler
-from controller.sim.state import ALLOCS, EVALS, JOBS, Commit, StateStore, Txn
-from controller.sim.variables import Variables
+from nomadsim.events import EventBroker
+from nomadsim.gojson import quote
+from nomadsim.records import Alloc, Eval, JobRecord, JsonDict, Node
+from nomadsim.scheduler import Scheduler
+from nomadsim.state import ALLOCS, EVALS, JOBS, Commit, StateStore, Txn
+from nomadsim.variables import Variables
 
 ORDERINGS = ("production", "client", "random")
 # Fields of a job that are not part of its spec (SpecChanged ignores them).

@@ -40,9 +40,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from controller.sim import gojson
-from controller.sim.core import NomadError, Simulator
-from controller.sim.driver import Execution
+from nomadsim import gojson
+from nomadsim.core import NomadError, Simulator
+from nomadsim.driver import Execution
 
 EXEC_ROUTE = "/v1/client/allocation/{alloc_id}/exec"
 # A close frame's payload is at most 125 bytes, two of them the code.

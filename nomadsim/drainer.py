@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from controller.sim.encode import SECOND, go_time, group_of
-from controller.sim.records import RUNNING, Alloc, DrainStrategy, Eval, Node
+from nomadsim.encode import SECOND, go_time, group_of
+from nomadsim.records import RUNNING, Alloc, DrainStrategy, Eval, Node
 
 if TYPE_CHECKING:
-    from controller.sim.core import Simulator
+    from nomadsim.core import Simulator
 
 
 class Drainer:

@@ -11,14 +11,14 @@ import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from controller.sim.encode import SECOND
-from controller.sim.encode import variable as encode
-from controller.sim.records import Variable, VariableLock
+from nomadsim.encode import SECOND
+from nomadsim.encode import variable as encode
+from nomadsim.records import Variable, VariableLock
 
 if TYPE_CHECKING:
     import asyncio
 
-    from controller.sim.core import Simulator
+    from nomadsim.core import Simulator
 
 PATH_RE = re.compile(r"^[a-zA-Z0-9\-_~/]{1,128}$")
 MIN_TTL = 10 * SECOND

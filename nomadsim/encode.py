@@ -14,7 +14,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from controller.sim.records import (
+from nomadsim.records import (
     Alloc,
     Eval,
     JsonDict,

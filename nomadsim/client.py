@@ -20,8 +20,8 @@ import asyncio
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from controller.sim.encode import SECOND, go_duration, group_of
-from controller.sim.records import (
+from nomadsim.encode import SECOND, go_duration, group_of
+from nomadsim.records import (
     COMPLETE,
     FAILED,
     PENDING,
@@ -30,10 +30,10 @@ from controller.sim.records import (
     Eval,
     TaskEvent,
 )
-from controller.sim.state import stamp_alloc
+from nomadsim.state import stamp_alloc
 
 if TYPE_CHECKING:
-    from controller.sim.core import Simulator
+    from nomadsim.core import Simulator
 
 
 class Client:

@@ -19,12 +19,12 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
-from controller.sim import bexpr, encode
-from controller.sim.alloc_exec import EXEC_ROUTE, exec_endpoint, not_upgraded_endpoint
-from controller.sim.core import NomadError, Simulator
-from controller.sim.events import Subscription, parse_topics
-from controller.sim.state import ALLOCS, EVALS, JOB_SUMMARY, JOBS, NODES, VARIABLES
-from controller.sim.variables import VariableError, parse_go_duration
+from nomadsim import bexpr, encode
+from nomadsim.alloc_exec import EXEC_ROUTE, exec_endpoint, not_upgraded_endpoint
+from nomadsim.core import NomadError, Simulator
+from nomadsim.events import Subscription, parse_topics
+from nomadsim.state import ALLOCS, EVALS, JOB_SUMMARY, JOBS, NODES, VARIABLES
+from nomadsim.variables import VariableError, parse_go_duration
 
 MAX_WAIT_S = 300.0
 Handler = Callable[[Request, Simulator], Awaitable[Response]]
