@@ -796,6 +796,20 @@ def drain_strategy(node: Node) -> JsonDict | None:
     }
 
 
+def node_events(
+    node: Node, message: str, subsystem: str, index: int, now_ns: int
+) -> tuple[JsonDict, ...]:
+    """The node's events with one more NodeEvent; Nomad keeps the last 10."""
+    event = {
+        "Message": message,
+        "Subsystem": subsystem,
+        "Details": None,
+        "Timestamp": go_time(now_ns),
+        "CreateIndex": index,
+    }
+    return (*node.events, event)[-10:]
+
+
 def node_full(node: Node) -> JsonDict:
     return {
         "ID": node.id,

@@ -31,7 +31,8 @@ from typing import TypeVar
 import uvicorn
 from starlette.applications import Starlette
 
-from nomadsim.core import SimConfig, Simulator
+from nomadsim.config import SimConfig
+from nomadsim.core import Simulator
 from nomadsim.http import routes
 
 log = logging.getLogger(__name__)
