@@ -22,6 +22,7 @@ WORKDIR /src
 # pyproject.toml names README.md as the package's long description.
 COPY pyproject.toml README.md ./
 COPY controller ./controller
+COPY nomadsim ./nomadsim
 # pip byte-compiles what it installs, so the read-only image never writes .pyc.
 RUN /opt/nrc/bin/pip install .
 

@@ -1,6 +1,6 @@
 """The Nomad simulator in its own process, for the benchmarks.
 
-It is `controller.sim` as `nomad-runner-controller sim` serves it, plus three
+It is `nomadsim` as `nomad-runner-controller sim` serves it, plus three
 routes under `/_bench/` that the benchmarks use to set the cluster up without
 paying for it through HTTP (none of them is part of Nomad or of `/_sim`):
 
@@ -33,8 +33,8 @@ from starlette.routing import Route
 
 from controller.model import Environment
 from controller.nomad import jobs
-from controller.sim import SimConfig, Simulator
-from controller.sim.server import create_app
+from nomadsim import SimConfig, Simulator
+from nomadsim.server import create_app
 
 NAMESPACE = "default"
 

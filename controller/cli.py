@@ -7,8 +7,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from controller.sim.core import ORDERINGS
-
 
 def _bounded(
     cast: Callable[[str], float], what: str, low: float, high: float | None = None
@@ -33,6 +31,18 @@ def _bounded(
 _positive_int = _bounded(int, "an integer", 1)
 _seconds = _bounded(float, "seconds as a number", 0)
 _port = _bounded(int, "a port number", 0, 65535)
+
+
+def _migration_ordering(text: str) -> str:
+    """An argparse type: one of the simulator's migration orderings. The
+    simulator is imported here, when `sim` is parsed, so that `run` never
+    loads it."""
+    from nomadsim import ORDERINGS
+
+    if text not in ORDERINGS:
+        choices = ", ".join(repr(o) for o in ORDERINGS)
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {choices})")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,8 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument(
         "--migration-ordering",
-        choices=ORDERINGS,
+        type=_migration_ordering,
         default="production",
+        metavar="{production,client,random}",
         help="event order of a migration: as observed in production (default), Nomad's "
         "client code path, or random per migration",
     )
@@ -132,7 +143,7 @@ def run_config(args: argparse.Namespace) -> int:
 
 
 def run_sim(args: argparse.Namespace) -> int:
-    from controller.sim import SimConfig, SimServer
+    from nomadsim import SimConfig, SimServer
 
     config = SimConfig(
         nodes=args.nodes,

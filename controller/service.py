@@ -166,7 +166,7 @@ def run(settings: Settings) -> int:
 
 def dev(settings: Settings) -> int:
     """The simulator in this process, the controller against it, a demo pool."""
-    from controller.sim import SimConfig, SimServer
+    from nomadsim import SimConfig, SimServer
 
     configure_logging(settings.log_level, settings.effective_log_format)
     sim = SimServer(SimConfig(nodes=3, startup_delay_ms=500.0, stop_delay_ms=200.0))

@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 import pytest
 
-from controller.sim import SimConfig, SimServer
+from nomadsim import SimConfig, SimServer
 from tests.support.sim import FAST
 
 

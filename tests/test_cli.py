@@ -10,6 +10,8 @@ import sys
 import pytest
 import requests
 
+from controller.cli import build_parser, main
+from nomadsim import ORDERINGS
 from tests.helpers import wait_until
 from tests.support.ports import free_port
 from tests.support.processes import ChildProcess, python_module
@@ -77,3 +79,33 @@ def test_bad_arguments_exit_2_with_a_message(args: list[str], needle: str) -> No
     assert result.returncode == 2
     assert needle in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_run_never_loads_the_simulator() -> None:
+    """Production's `run` does not import the simulator: importing the command
+    line, building its parser and answering `run --help` load no `nomadsim`
+    module (only `sim` and `dev` import it). In a fresh interpreter, since this
+    one has the simulator loaded already."""
+    probe = "\n".join(
+        [
+            "import contextlib, io, sys",
+            "import controller.cli",
+            "controller.cli.build_parser()",
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):",
+            "    controller.cli.main(['run', '--help'])",
+            "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'nomadsim'))",
+        ]
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_sim_help_lists_every_migration_ordering(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["sim", "--help"])
+    assert "{" + ",".join(ORDERINGS) + "}" in capsys.readouterr().out
+    for ordering in ORDERINGS:
+        args = build_parser().parse_args(["sim", "--migration-ordering", ordering])
+        assert args.migration_ordering == ordering

@@ -13,7 +13,7 @@ import pytest
 import requests
 from websockets.sync.client import connect
 
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.helpers import wait_until
 from tests.support.controller import start_controller_process
 from tests.support.ports import free_port

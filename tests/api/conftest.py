@@ -22,7 +22,7 @@ import pytest
 
 from controller.api import create_app
 from controller.reconcile.loop import Controller
-from controller.sim import SimConfig, SimServer
+from nomadsim import SimConfig, SimServer
 from tests.helpers import wait_until
 from tests.support.api_client import GATEWAY, Api, MakeApi, client_for
 from tests.support.controller import start_controller

@@ -38,7 +38,7 @@ from controller.api import create_app
 from controller.api.models import MAX_ID
 from controller.clock import ManualClock
 from controller.reconcile.loop import Controller
-from controller.sim import SimConfig, SimServer
+from nomadsim import SimConfig, SimServer
 from tests.helpers import wait_until
 from tests.support.api_client import (
     API,

@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.chaos.harness import (
     RUNNER_ID,
     Answer,

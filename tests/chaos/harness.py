@@ -27,10 +27,10 @@ from typing import Any
 
 import requests
 
-from controller.sim import SimServer
-from controller.sim.core import Simulator
-from controller.sim.records import Alloc
-from controller.sim.state import ALLOCS, JOBS, Commit
+from nomadsim import SimServer
+from nomadsim.core import Simulator
+from nomadsim.records import Alloc
+from nomadsim.state import ALLOCS, JOBS, Commit
 from tests.support.controller import controller_environ
 from tests.support.ports import stable_port
 from tests.support.processes import ChildProcess, python_module

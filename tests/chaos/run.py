@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controller.sim import SimConfig, SimServer
+from nomadsim import SimConfig, SimServer
 from tests.chaos.actors import Book, Client, FaultLog, Operator, read_marker
 from tests.chaos.harness import (
     Api,

@@ -38,7 +38,7 @@ from controller.nomad.client import NomadClient
 from controller.nomad.exec import ExecClient, ExecEvent, Exited
 from controller.reconcile.loop import Controller, ControllerSettings
 from controller.reconcile.plan import Plan, PlanInput, plan
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.helpers import Http, runner_job, wait_until
 
 MakeSim = Callable[..., SimServer]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from controller.reconcile.loop import Controller
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.support.controller import start_controller
 
 

@@ -14,7 +14,7 @@ from controller.model import Environment, LossReason, Phase, RunnerView
 from controller.nomad import jobs
 from controller.reconcile.claims import NoRunnerAvailable, NotLeader
 from controller.reconcile.loop import Controller
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.helpers import Http, wait_until
 
 ENV = Environment(

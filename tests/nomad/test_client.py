@@ -23,7 +23,7 @@ from controller.nomad.gateway import (
     NomadGateway,
     NomadUnavailable,
 )
-from controller.sim import SimConfig, SimServer
+from nomadsim import SimConfig, SimServer
 from tests.helpers import Http, runner_job, wait_until
 from tests.support.ports import free_port
 from tests.support.sim import FAST

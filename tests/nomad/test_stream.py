@@ -19,7 +19,7 @@ import requests
 
 from controller.nomad.events import EventRef
 from controller.nomad.stream import EventStream
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.helpers import Http, runner_job, wait_until
 from tests.support.ports import free_port
 

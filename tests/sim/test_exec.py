@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from controller.sim import SimConfig, SimServer, gojson
-from controller.sim.alloc_exec import InputFrame, decode_input, read_input, stdin_data
-from controller.sim.driver import FRAME_SIZE, data_frames, marked_processes
+from nomadsim import SimConfig, SimServer, gojson
+from nomadsim.alloc_exec import InputFrame, decode_input, read_input, stdin_data
+from nomadsim.driver import FRAME_SIZE, data_frames, marked_processes
 from tests.helpers import SECOND, Http, runner_job, wait_until
 from tests.support.sim import FAST
 

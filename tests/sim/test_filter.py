@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from controller.sim import SimServer
-from controller.sim.bexpr import FilterEvalError, FilterSyntaxError, parse
+from nomadsim import SimServer
+from nomadsim.bexpr import FilterEvalError, FilterSyntaxError, parse
 from tests.helpers import Http, runner_job, wait_until
 
 # -- the expression language ---------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.helpers import SECOND, EventReader, Http, runner_job, wait_until
 
 

@@ -17,7 +17,7 @@ import nomad
 import nomad.api.exceptions as nomad_exc
 import pytest
 
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.helpers import runner_job, wait_until
 
 

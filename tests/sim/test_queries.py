@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.helpers import Http, runner_job, wait_until
 
 

@@ -46,7 +46,7 @@ from openapi_schema_validator import OAS30Validator, oas30_format_checker
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT4
 
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.helpers import runner_job, wait_until
 from tests.reference import document
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import requests
 
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.helpers import EventReader, wait_until
 
 # A blocking query at this index waits for its whole `wait`.

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import requests
 
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.helpers import EventReader, Http, runner_job, wait_until
 
 

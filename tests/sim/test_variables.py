@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 import requests
 
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.helpers import Http, wait_until
 
 

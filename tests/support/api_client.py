@@ -20,7 +20,7 @@ from referencing.jsonschema import DRAFT202012
 
 from controller.model import Phase
 from controller.reconcile.loop import Controller
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.helpers import wait_until
 
 API = "/api/v1"

@@ -11,7 +11,7 @@ import uvicorn
 
 from controller.config import Settings, load_settings
 from controller.service import Service, build
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.helpers import wait_until
 
 TOKEN = "e2e-token"

@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from controller.model import Environment
-from controller.sim import SimServer
+from nomadsim import SimServer
 from tests.helpers import Http, wait_until
 from tests.reference import document
 from tests.support.api_server import TOKEN, ApiServer, sim_settings

@@ -14,7 +14,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from controller.sim.records import (
+from nomadsim.records import (
     Alloc,
     Eval,
     JsonDict,
@@ -794,6 +794,20 @@ def drain_strategy(node: Node) -> JsonDict | None:
         "ForceDeadline": go_time(node.drain.force_deadline),
         "StartedAt": go_time(node.drain.started_at),
     }
+
+
+def node_events(
+    node: Node, message: str, subsystem: str, index: int, now_ns: int
+) -> tuple[JsonDict, ...]:
+    """The node's events with one more NodeEvent; Nomad keeps the last 10."""
+    event = {
+        "Message": message,
+        "Subsystem": subsystem,
+        "Details": None,
+        "Timestamp": go_time(now_ns),
+        "CreateIndex": index,
+    }
+    return (*node.events, event)[-10:]
 
 
 def node_full(node: Node) -> JsonDict:

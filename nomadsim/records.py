@@ -103,6 +103,17 @@ class Alloc:
 
 
 @dataclass(frozen=True)
+class Migration:
+    """What a replacement placed by a migration follows: the allocation it
+    replaces and the migration ordering chosen for it (`production`: the old
+    one completes shortly after the new one runs; `client`: the new one waits
+    for the old one to stop)."""
+
+    previous_alloc_id: str
+    ordering: str
+
+
+@dataclass(frozen=True)
 class Eval:
     id: str
     namespace: str

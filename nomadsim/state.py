@@ -1,11 +1,17 @@
 """The simulator's state store: tables, one global raft-like index, watches
 for blocking queries, and an undo log so list reads can lag like a follower's.
 
+It is the one shared mutable thing of the simulator, as Nomad's state store
+is of Nomad: the other parts read it and write it, and learn of each other's
+writes from it, never through each other.
+
 Every write happens in a transaction (`with store.txn(msg_type) as tx`) that
-takes exactly one new index, like one raft apply in Nomad; at commit the
-changes go to the listeners (the event broker) as one batch and blocked
-readers of the touched tables wake up. All access happens on the simulator's
-event loop thread, so nothing here needs a lock."""
+takes exactly one new index, like one raft apply in Nomad; before it commits,
+the status of every job it touched is set (Nomad's setJobStatus). At commit
+the changes go to the listeners (the event broker, the task driver) as one
+batch, blocked readers of the touched tables wake up, and then the watchers
+hear of it (the client, which reacts by writing). All access happens on the
+simulator's event loop thread, so nothing here needs a lock."""
 
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from controller.sim.records import Alloc, Eval, JobRecord, Node, Variable
+from nomadsim.records import Alloc, Eval, JobRecord, Migration, Node, Variable
 
 JOBS = "jobs"
 JOB_SUMMARY = "job_summary"
@@ -116,6 +122,11 @@ class Txn:
     def delete_variable(self, namespace: str, path: str) -> None:
         self._record(VARIABLES, (namespace, path), None)
 
+    def put_migration(self, alloc_id: str, migration: Migration) -> None:
+        """Note that the new allocation `alloc_id` replaces another by migration
+        (no table of Nomad's: no event, no index of its own)."""
+        self.store._migrations[alloc_id] = migration
+
 
 class StateStore:
     def __init__(self, monotonic: Callable[[], float]) -> None:
@@ -152,9 +163,13 @@ class StateStore:
         self._usage: dict[str, UsageEntry] = {}
         self.jobs_ever_registered = 0
         self.evals_by_job: dict[tuple[str, str], set[str]] = {}
+        # Beside the tables: the migration each replacement follows, and per job
+        # the allocations its last evaluation could not place (the summary's
+        # Queued), as the scheduler left them.
+        self._migrations: dict[str, Migration] = {}
+        self._queued: dict[tuple[str, str], dict[str, int]] = {}
         self._listeners: list[Callable[[Commit], None]] = []
-        # Runs inside every transaction before it commits (Nomad's setJobStatus).
-        self.pre_commit: Callable[[Txn], None] | None = None
+        self._watchers: list[Callable[[Commit], None]] = []
         self._waiters: dict[str, set[asyncio.Future[None]]] = {t: set() for t in TABLES}
         # (index, monotonic time, change) newest last, for stale reads.
         self._undo: deque[tuple[int, float, Change]] = deque(maxlen=UNDO_DEPTH)
@@ -165,7 +180,17 @@ class StateStore:
     # -- writes ---------------------------------------------------------------
 
     def add_listener(self, fn: Callable[[Commit], None]) -> None:
+        """Call `fn` with every commit while it commits, before blocked readers
+        wake. A listener must not write: every listener sees the commits in
+        index order."""
         self._listeners.append(fn)
+
+    def watch(self, fn: Callable[[Commit], None]) -> None:
+        """Call `fn` with every commit once it is complete (its listeners ran,
+        its blocked readers are awake), as a blocking query of Nomad's client
+        would return. A watcher may write; its write commits, and is told to
+        the watchers, before the next watcher hears of the first commit."""
+        self._watchers.append(fn)
 
     @contextmanager
     def txn(self, msg_type: str) -> Iterator[Txn]:
@@ -175,8 +200,8 @@ class StateStore:
         tx = Txn(self, msg_type, self.index + 1)
         try:
             yield tx
-            if tx.changes and self.pre_commit is not None:
-                self.pre_commit(tx)
+            if tx.changes:
+                self._set_job_statuses(tx)
         finally:
             self._in_txn = False
         if not tx.changes:
@@ -201,6 +226,48 @@ class StateStore:
                 if not fut.done():
                     fut.set_result(None)
             self._waiters[table].clear()
+        for fn in self._watchers:
+            fn(commit)
+
+    # -- job status (Nomad's setJobStatus, v1.9.6+) -----------------------------
+
+    def _set_job_statuses(self, tx: Txn) -> None:
+        jobs: set[tuple[str, str]] = set()
+        for ch in tx.changes:
+            if ch.table in (ALLOCS, EVALS):
+                obj = ch.after or ch.before
+                jobs.add((obj.namespace, obj.job_id))
+            elif ch.table == JOBS and ch.after is not None:
+                jobs.add(ch.key)
+        for key in sorted(jobs):
+            rec = self.jobs.get(key)
+            if rec is None:
+                continue
+            status = self.job_status(rec)
+            if status != rec.spec["Status"]:
+                spec = dict(rec.spec)
+                spec["Status"] = status
+                spec["ModifyIndex"] = tx.index
+                tx.put_job(replace(rec, spec=spec))
+
+    def job_status(self, rec: JobRecord) -> str:
+        spec = rec.spec
+        periodic = spec.get("Periodic") or {}
+        if spec["Type"] == "system" or periodic.get("Enabled") or spec.get("ParameterizedJob"):
+            return "dead" if rec.stopped else "running"
+        # Unsorted and stopping at the first live allocation: this runs on every write.
+        allocs = self.allocs
+        ids = self.allocs_by_job.get((rec.namespace, rec.id), ())
+        if any(not allocs[i].terminal() for i in ids):
+            return "running"
+        has_eval = False
+        for ev in self.job_evals(rec.namespace, rec.id):
+            if ev.status in ("pending", "blocked"):
+                return "pending"
+            has_eval = True
+        if has_eval or rec.stopped:
+            return "dead"
+        return "pending"
 
     def _index_alloc(self, alloc: Alloc) -> None:
         if alloc.id not in self.alloc_seq:
@@ -244,6 +311,10 @@ class StateStore:
         """What the allocation counts towards its node's usage (None: nothing)."""
         return self._usage.get(alloc_id)
 
+    def set_queued(self, namespace: str, job_id: str, queued: dict[str, int]) -> None:
+        """Allocations per task group that the job's last evaluation could not place."""
+        self._queued[(namespace, job_id)] = queued
+
     # -- reads ----------------------------------------------------------------
 
     def job(self, namespace: str, job_id: str) -> JobRecord | None:
@@ -260,6 +331,13 @@ class StateStore:
     def job_evals(self, namespace: str, job_id: str) -> list[Eval]:
         ids = self.evals_by_job.get((namespace, job_id), ())
         return sorted((self.evals[i] for i in ids), key=lambda e: e.create_index)
+
+    def queued(self, namespace: str, job_id: str) -> dict[str, int]:
+        return self._queued.get((namespace, job_id), {})
+
+    def migration_of(self, alloc_id: str) -> Migration | None:
+        """The migration the allocation was placed by, None when it was not."""
+        return self._migrations.get(alloc_id)
 
     def max_index(self, *tables: str) -> int:
         return max(self.table_index[t] for t in tables)
@@ -334,3 +412,12 @@ def stamp_alloc(alloc: Alloc, index: int, now_ns: int, client: bool = False) -> 
     if client:
         return replace(alloc, modify_index=index, modify_time=now_ns)
     return replace(alloc, modify_index=index, alloc_modify_index=index, modify_time=now_ns)
+
+
+def stamp_eval(ev: Eval, index: int, now_ns: int) -> Eval:
+    """Set the index and time fields Nomad sets when an evaluation is written."""
+    if ev.create_index == 0:
+        return replace(
+            ev, create_index=index, modify_index=index, create_time=now_ns, modify_time=now_ns
+        )
+    return replace(ev, modify_index=index, modify_time=now_ns)

@@ -7,28 +7,33 @@ the job's allocations, stops what is not needed (job stopped, count lowered,
 node down, migration, destructive update, reschedule), updates unchanged
 allocations in place, places what is missing on eligible nodes with capacity,
 and commits all of it as one `PlanResult` transaction. Unplaceable allocations
-leave a blocked evaluation that is retried when capacity appears."""
+leave a blocked evaluation that is retried when capacity appears.
+
+As Nomad's scheduler, it plans against the state store and writes only to it:
+it never calls a client, which learns of what was placed or stopped by
+watching the store. Besides the store it uses only a `PortAssigner` and the
+`migration_ordering` fault."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from controller.sim.encode import SECOND, alloc_metric, group_of
-from controller.sim.records import (
+from nomadsim.clock import SimTime
+from nomadsim.encode import SECOND, alloc_metric, group_of
+from nomadsim.records import (
     COMPLETE,
     FAILED,
     LOST,
     Alloc,
     Eval,
     JsonDict,
+    Migration,
     Node,
     RescheduleEvent,
 )
-from controller.sim.state import stamp_alloc
-
-if TYPE_CHECKING:
-    from controller.sim.core import Simulator
+from nomadsim.state import StateStore, stamp_alloc, stamp_eval
 
 NOT_NEEDED = "alloc not needed due to job update"
 MIGRATING = "alloc is being migrated"
@@ -48,44 +53,62 @@ class Plan:
     queued: dict[str, int] = field(default_factory=dict)
     failed_groups: dict[str, JsonDict] = field(default_factory=dict)
     followups: list[Eval] = field(default_factory=list)
-    # new alloc id -> (old alloc id, ordering) for migrations
-    migrations: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # new alloc id -> the migration it is placed by
+    migrations: dict[str, Migration] = field(default_factory=dict)
 
     def empty(self) -> bool:
         return not (self.stops or self.places or self.updates)
 
 
+class PortAssigner(Protocol):
+    """The part of `Ports` the scheduler uses: each placement gets its ports."""
+
+    def assign(self, alloc_id: str, node: Node, group: JsonDict) -> None: ...
+
+
 class Scheduler:
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
+    def __init__(
+        self,
+        store: StateStore,
+        time: SimTime,
+        new_id: Callable[[], str],
+        ports: PortAssigner,
+        migration_ordering: Callable[[], str],
+    ) -> None:
+        self._store = store
+        self._time = time
+        self._new_id = new_id
+        self._ports = ports
+        # Which ordering the next migration follows (`production` or `client`).
+        self._migration_ordering = migration_ordering
         self.blocked: dict[tuple[str, str], str] = {}  # job -> blocked eval id
 
     # -- evaluation queue -------------------------------------------------------
 
     def enqueue(self, eval_id: str, delay_s: float = 0.0) -> None:
-        self.sim.timers.call_later(delay_s, lambda: self.process(eval_id))
+        self._time.timers.call_later(delay_s, lambda: self.process(eval_id))
 
     def unblock_all(self) -> None:
         """Capacity changed: retry every blocked evaluation."""
         blocked, self.blocked = self.blocked, {}
         if not blocked:
             return
-        store = self.sim.store
+        store = self._store
         with store.txn("EvalUpdate") as tx:
             for eval_id in blocked.values():
                 ev = store.evals.get(eval_id)
                 if ev is not None and ev.status == "blocked":
-                    tx.put_eval(self.sim.stamp_eval(replace(ev, status="pending"), tx.index))
+                    pending = replace(ev, status="pending")
+                    tx.put_eval(stamp_eval(pending, tx.index, self._time.now_ns()))
         for eval_id in blocked.values():
             self.enqueue(eval_id)
 
     def process(self, eval_id: str) -> None:
-        sim = self.sim
-        store = sim.store
+        store = self._store
         ev = store.evals.get(eval_id)
         if ev is None or ev.status != "pending":
             return
-        now = sim.clock.now_ns()
+        now = self._time.now_ns()
         if ev.wait_until > now:
             self.enqueue(eval_id, (ev.wait_until - now) / SECOND)
             return
@@ -93,22 +116,20 @@ class Scheduler:
         if plan.followups:
             with store.txn("EvalUpdate") as tx:
                 for follow in plan.followups:
-                    tx.put_eval(sim.stamp_eval(follow, tx.index))
+                    tx.put_eval(stamp_eval(follow, tx.index, self._time.now_ns()))
             for follow in plan.followups:
                 self.enqueue(follow.id, max(0.0, (follow.wait_until - now) / SECOND))
         if not plan.empty():
+            # The clients see the stops and placements in this order once it commits.
             with store.txn("ApplyPlanResults") as tx:
                 for alloc in [*plan.stops.values(), *plan.updates, *plan.places]:
                     tx.put_alloc(stamp_alloc(alloc, tx.index, now))
-            sim.migrations.update(plan.migrations)
-            for alloc in plan.stops.values():
-                sim.client.on_stop(store.allocs[alloc.id])
-            for alloc in plan.places:
-                sim.client.on_placed(store.allocs[alloc.id])
+                for alloc_id, migration in plan.migrations.items():
+                    tx.put_migration(alloc_id, migration)
         blocked_id = ""
         key = (ev.namespace, ev.job_id)
         if plan.failed_groups and key not in self.blocked:
-            blocked_id = sim.new_id()
+            blocked_id = self._new_id()
         with store.txn("EvalUpdate") as tx:
             done = replace(
                 ev,
@@ -118,7 +139,7 @@ class Scheduler:
                 queued_allocations=tuple(plan.queued.items()),
                 snapshot_index=tx.index - 1,
             )
-            tx.put_eval(sim.stamp_eval(done, tx.index))
+            tx.put_eval(stamp_eval(done, tx.index, self._time.now_ns()))
             if blocked_id:
                 blocked = _child_eval(
                     ev,
@@ -127,9 +148,9 @@ class Scheduler:
                     "blocked",
                     "created to place remaining allocations",
                 )
-                tx.put_eval(sim.stamp_eval(blocked, tx.index))
+                tx.put_eval(stamp_eval(blocked, tx.index, self._time.now_ns()))
                 self.blocked[key] = blocked_id
-        sim.queued[key] = plan.queued
+        store.set_queued(*key, plan.queued)
         if plan.stops:
             # Stopping frees capacity (Nomad's plan removes stopped allocations
             # from the node at once), so queued placements may now fit.
@@ -138,10 +159,9 @@ class Scheduler:
     # -- planning -------------------------------------------------------------
 
     def compute(self, ev: Eval, now: int) -> Plan:
-        sim = self.sim
         plan = Plan()
-        rec = sim.store.job(ev.namespace, ev.job_id)
-        allocs = sim.store.job_allocs(ev.namespace, ev.job_id)
+        rec = self._store.job(ev.namespace, ev.job_id)
+        allocs = self._store.job_allocs(ev.namespace, ev.job_id)
         if rec is None or rec.stopped:
             for a in allocs:
                 if a.desired_status == "run" and not a.client_terminal():
@@ -159,7 +179,6 @@ class Scheduler:
     def _plan_group(
         self, plan: Plan, ev: Eval, job: JsonDict, group: JsonDict, allocs: list[Alloc], now: int
     ) -> None:
-        sim = self.sim
         name = group["Name"]
         count = int(group.get("Count") or 0)
         live: list[Alloc] = []
@@ -168,7 +187,7 @@ class Scheduler:
         for a in allocs:
             if a.desired_status != "run":
                 continue
-            node = sim.store.nodes.get(a.node_id)
+            node = self._store.nodes.get(a.node_id)
             if node is not None and node.status == "down" and not a.client_terminal():
                 plan.stops[a.id] = replace(
                     a,
@@ -197,7 +216,7 @@ class Scheduler:
                     if not a.followup_eval_id:
                         follow = _child_eval(
                             ev,
-                            sim.new_id(),
+                            self._new_id(),
                             "alloc-failure",
                             "pending",
                             "created for delayed rescheduling",
@@ -251,7 +270,7 @@ class Scheduler:
             node = self._pick_node(job, group, plan, avoid_nodes if prev is not None else set())
             if node is None:
                 plan.queued[name] = plan.queued.get(name, 0) + 1
-                nodes = len(sim.store.nodes)
+                nodes = len(self._store.nodes)
                 plan.failed_groups[name] = alloc_metric(nodes, exhausted=nodes)
                 continue
             new = self._new_alloc(ev, job, group, alloc_name, node, now)
@@ -259,7 +278,7 @@ class Scheduler:
                 new, ordering = self._link(new, prev, kind, group, now)
                 plan.stops[prev.id] = replace(plan.stops[prev.id], next_allocation=new.id)
                 if kind == "migrate":
-                    plan.migrations[new.id] = (prev.id, ordering)
+                    plan.migrations[new.id] = Migration(prev.id, ordering)
             plan.places.append(new)
 
     def _link(
@@ -267,7 +286,7 @@ class Scheduler:
     ) -> tuple[Alloc, str]:
         """Tie a replacement to the allocation it replaces."""
         if kind == "migrate":
-            ordering = self.sim.migration_ordering()
+            ordering = self._migration_ordering()
             if ordering == "client":
                 return replace(new, previous_allocation=prev.id), ordering
             # As observed in production: no PreviousAllocation on a migration.
@@ -298,19 +317,19 @@ class Scheduler:
             recent = [
                 e
                 for e in a.reschedule_events
-                if interval == 0 or now - e.reschedule_time < self.sim.scaled(interval)
+                if interval == 0 or now - e.reschedule_time < self._time.scaled(interval)
             ]
             if len(recent) >= attempts:
                 return None
         failed_at = max((ts.finished_at for _, ts in a.task_states), default=0) or a.modify_time
         delay = _reschedule_delay(policy, len(a.reschedule_events))
-        return failed_at + self.sim.scaled(delay)
+        return failed_at + self._time.scaled(delay)
 
     def _new_alloc(
         self, ev: Eval, job: JsonDict, group: JsonDict, name: str, node: Node, now: int
     ) -> Alloc:
-        alloc_id = self.sim.new_id()
-        self.sim.assign_ports(alloc_id, node, group)
+        alloc_id = self._new_id()
+        self._ports.assign(alloc_id, node, group)
         return Alloc(
             id=alloc_id,
             namespace=job["Namespace"],
@@ -328,19 +347,46 @@ class Scheduler:
     ) -> Node | None:
         """Spread: the eligible node with room that runs the fewest allocations
         of this job, then the least loaded; ties go to the first node."""
-        sim = self.sim
         cpu, mem = _group_demand(group)
         best: tuple[tuple[int, float, int], Node] | None = None
-        for order, node in enumerate(sim.store.nodes.values()):
+        for order, node in enumerate(self._store.nodes.values()):
             if node.status != "ready" or node.eligibility != "eligible" or node.id in avoid:
                 continue
-            used_cpu, used_mem, same_job = sim.node_usage(node.id, job["ID"], plan)
+            used_cpu, used_mem, same_job = self._node_usage(node.id, job["ID"], plan)
             if used_cpu + cpu > node.cpu_mhz or used_mem + mem > node.memory_mb:
                 continue
             key = (same_job, used_cpu / max(node.cpu_mhz, 1), order)
             if best is None or key < best[0]:
                 best = (key, node)
         return best[1] if best else None
+
+    def _node_usage(self, node_id: str, job_id: str, plan: Plan) -> tuple[int, int, int]:
+        """CPU and memory in use on the node and how many of its allocations
+        belong to the job, as the plan would leave them: the allocations that
+        hold resources (desired run, not client-terminal) minus those the plan
+        stops, plus those it places. From the store's per-node counters, so a
+        placement costs the same with 10 or 10,000 allocations on the node."""
+        store = self._store
+        cpu, mem = store.node_used.get(node_id) or (0, 0)
+        same = store.node_job_allocs.get((node_id, job_id), 0)
+        for stopped in plan.stops:
+            entry = store.usage_of(stopped)
+            if entry is not None and entry.node_id == node_id:
+                cpu -= entry.cpu
+                mem -= entry.mem
+                if entry.job_id == job_id:
+                    same -= 1
+        for a in plan.places:
+            if a.node_id != node_id:
+                continue
+            group = group_of(a.job, a.task_group) or {}
+            for task in group.get("Tasks") or []:
+                res = task.get("Resources") or {}
+                cpu += int(res.get("CPU") or 0)
+                mem += int(res.get("MemoryMB") or 0)
+            if a.job_id == job_id:
+                same += 1
+        return cpu, mem, same
 
 
 def _child_eval(

@@ -44,15 +44,11 @@ import weakref
 from binascii import b2a_base64
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from controller.sim.encode import group_of
-from controller.sim.gojson import quote
-from controller.sim.records import RUNNING, Alloc, JsonDict
-from controller.sim.state import ALLOCS, NODES, Commit
-
-if TYPE_CHECKING:
-    from controller.sim.core import Simulator
+from nomadsim.encode import group_of
+from nomadsim.gojson import quote
+from nomadsim.records import RUNNING, Alloc, JsonDict
+from nomadsim.state import ALLOCS, NODES, Commit, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -537,8 +533,8 @@ class Execution:
 
 
 class Driver:
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
+    def __init__(self, store: StateStore) -> None:
+        self._store = store
         self.instance = uuid.uuid4().hex
         self._loop: asyncio.AbstractEventLoop | None = None
         self._root: Path | None = None
@@ -628,7 +624,7 @@ class Driver:
                 and self._runs
             ):
                 # A node that stopped heartbeating: its containers are gone.
-                on_node = self.sim.store.allocs_by_node.get(change.key, set())
+                on_node = self._store.allocs_by_node.get(change.key, set())
                 for alloc_id in [a for a in self._runs if a in on_node]:
                     self._stop_run(alloc_id)
 
@@ -640,7 +636,7 @@ class Driver:
         state = alloc.task_states[0][1]
         if state.state != RUNNING:
             return None
-        node = self.sim.store.nodes.get(alloc.node_id)
+        node = self._store.nodes.get(alloc.node_id)
         if node is None or node.status != "ready":
             return None
         return state.started_at
@@ -685,7 +681,7 @@ class Driver:
     def task_dir(self, alloc_id: str, task: str | None = None) -> Path | None:
         """The working directory of the allocation's task (its group's first
         task by default) while it runs, else None."""
-        alloc = self.sim.store.allocs.get(alloc_id)
+        alloc = self._store.allocs.get(alloc_id)
         if alloc is None or alloc_id not in self._runs or self.closed:
             return None
         names = self._task_names(alloc)
@@ -755,7 +751,7 @@ class Driver:
         for key, value in (spec.get("Env") or {}).items():
             env[str(key)] = str(value)
         resources = spec.get("Resources") or {}
-        node = self.sim.store.nodes.get(alloc.node_id)
+        node = self._store.nodes.get(alloc.node_id)
         index = re.search(r"\[(\d+)\]$", alloc.name)
         env.update(
             {

@@ -8,17 +8,18 @@ variable. Renewing is not a raft write, so it does not move ModifyIndex."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from controller.sim.encode import SECOND
-from controller.sim.encode import variable as encode
-from controller.sim.records import Variable, VariableLock
+from nomadsim.clock import SimTime
+from nomadsim.encode import SECOND
+from nomadsim.encode import variable as encode
+from nomadsim.records import Variable, VariableLock
+from nomadsim.state import StateStore
 
 if TYPE_CHECKING:
     import asyncio
-
-    from controller.sim.core import Simulator
 
 PATH_RE = re.compile(r"^[a-zA-Z0-9\-_~/]{1,128}$")
 MIN_TTL = 10 * SECOND
@@ -84,8 +85,10 @@ def validate_path(path: str) -> None:
 
 
 class Variables:
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
+    def __init__(self, store: StateStore, time: SimTime, new_id: Callable[[], str]) -> None:
+        self._store = store
+        self._time = time
+        self._new_id = new_id
         # (ns, path) -> timer that kills the lock 2×TTL after the last acquire/renew
         self._ttl_timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
         # locks whose TTL ran out and that are waiting out their LockDelay
@@ -102,7 +105,7 @@ class Variables:
         }
 
     def get(self, ns: str, path: str) -> Variable | None:
-        return self.sim.store.variables.get((ns, path))
+        return self._store.variables.get((ns, path))
 
     def put(
         self, ns: str, path: str, items: dict[str, str], cas: int | None, lock_id: str | None
@@ -132,12 +135,12 @@ class Variables:
             return
         if current.lock is not None:
             raise VariableError(409, "attempting to modify locked variable", self._zero(ns, path))
-        with self.sim.store.txn("VarApply") as tx:
+        with self._store.txn("VarApply") as tx:
             tx.delete_variable(ns, path)
 
     def _write(self, ns: str, path: str, current: Variable | None, **changes: Any) -> Variable:
-        now = self.sim.clock.now_ns()
-        with self.sim.store.txn("VarApply") as tx:
+        now = self._time.now_ns()
+        with self._store.txn("VarApply") as tx:
             base = current or Variable(
                 namespace=ns, path=path, create_index=tx.index, create_time=now
             )
@@ -167,7 +170,7 @@ class Variables:
         current = self.get(ns, path)
         if current is not None and current.lock is not None:
             raise VariableError(409, "lock held", self._zero(ns, path))
-        lock = VariableLock(id=self.sim.new_id(), ttl_ns=ttl_ns, lock_delay_ns=delay_ns)
+        lock = VariableLock(id=self._new_id(), ttl_ns=ttl_ns, lock_delay_ns=delay_ns)
         changes: dict[str, Any] = {"lock": lock}
         if items:
             changes["items"] = tuple(sorted(items.items()))
@@ -201,14 +204,14 @@ class Variables:
 
     def _arm(self, ns: str, path: str, lock: VariableLock) -> None:
         key = (ns, path)
-        self.sim.timers.cancel(self._ttl_timers.pop(key, None))
-        self._ttl_timers[key] = self.sim.timers.call_later(
-            self.sim.scaled(2 * lock.ttl_ns) / SECOND, lambda: self._expire(key, lock)
+        self._time.timers.cancel(self._ttl_timers.pop(key, None))
+        self._ttl_timers[key] = self._time.timers.call_later(
+            self._time.scaled(2 * lock.ttl_ns) / SECOND, lambda: self._expire(key, lock)
         )
 
     def _disarm(self, ns: str, path: str) -> None:
         key = (ns, path)
-        self.sim.timers.cancel(self._ttl_timers.pop(key, None))
+        self._time.timers.cancel(self._ttl_timers.pop(key, None))
         self._dead.discard(key)
 
     def _expire(self, key: tuple[str, str], lock: VariableLock) -> None:
@@ -217,8 +220,8 @@ class Variables:
         if current is None or current.lock is None or current.lock.id != lock.id:
             return
         self._dead.add(key)
-        self.sim.timers.call_later(
-            self.sim.scaled(lock.lock_delay_ns) / SECOND,
+        self._time.timers.call_later(
+            self._time.scaled(lock.lock_delay_ns) / SECOND,
             lambda: self._remove(key, lock),
         )
 

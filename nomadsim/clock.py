@@ -1,5 +1,6 @@
 """Injectable time for the simulator: wall-clock nanoseconds for Nomad's
-timestamps, and timers that run callbacks on the simulator's event loop."""
+timestamps, timers that run callbacks on the simulator's event loop, and
+`SimTime`, the three together as the simulator's parts use them."""
 
 from __future__ import annotations
 
@@ -31,11 +32,18 @@ class Timers:
     Every pending timer is kept so that `cancel_all` can stop the simulator
     without callbacks firing into a closed loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._handles: set[asyncio.TimerHandle] = set()
 
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run timers on `loop` from now on (the simulator's start)."""
+        self._loop = loop
+
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> asyncio.TimerHandle:
+        if self._loop is None:
+            raise RuntimeError("simulator not started")
+
         def run() -> None:
             self._handles.discard(handle)
             fn()
@@ -57,3 +65,23 @@ class Timers:
     @property
     def pending(self) -> int:
         return len(self._handles)
+
+
+class SimTime:
+    """The simulator's time as its parts use it: the clock for Nomad's
+    timestamps, timers on the event loop (bound when the simulator starts),
+    and the scale of durations that come from Nomad objects."""
+
+    def __init__(self, clock: Clock, scale: float) -> None:
+        self.clock = clock
+        self.timers = Timers()
+        self._scale = scale
+
+    def now_ns(self) -> int:
+        return self.clock.now_ns()
+
+    def scaled(self, ns: int) -> int:
+        """A duration from a Nomad object (policy delay, deadline, TTL) in the
+        simulator's time: multiplied by `time_scale`, so a test can run a 10 s
+        lock TTL in 10 ms."""
+        return int(ns * self._scale)

@@ -11,34 +11,49 @@ moves it back to `running` with a new `StartedAt`. When the attempts are used
 up: `Not Restarting`, task dead and failed, allocation `failed`, and an
 `alloc-failure` evaluation lets the scheduler reschedule it.
 
-Client updates are `AllocClientUpdate` transactions (AllocationUpdated
-events)."""
+As Nomad's client, it learns of its allocations by watching the state store
+(`on_commit`): an allocation the scheduler placed is received, one it told
+to stop is killed, one purged or on a node that went down is dropped. It
+reports back through `AllocUpdates` only (Nomad's Node.UpdateAlloc); each
+report is an `AllocClientUpdate` transaction (AllocationUpdated events)."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from controller.sim.encode import SECOND, go_duration, group_of
-from controller.sim.records import (
+from nomadsim.clock import SimTime
+from nomadsim.config import SimConfig
+from nomadsim.encode import SECOND, go_duration, group_of
+from nomadsim.records import (
     COMPLETE,
     FAILED,
     PENDING,
     RUNNING,
     Alloc,
-    Eval,
     TaskEvent,
 )
-from controller.sim.state import stamp_alloc
+from nomadsim.state import ALLOCS, NODES, Commit, StateStore
 
-if TYPE_CHECKING:
-    from controller.sim.core import Simulator
+
+class AllocUpdates(Protocol):
+    """How a client reports an allocation's new state to the server (Nomad's
+    Node.UpdateAlloc): the server commits it and decides what follows, such
+    as an evaluation for a failed allocation. `NodeEndpoint` is one."""
+
+    def update_alloc(self, alloc: Alloc) -> Alloc: ...
 
 
 class Client:
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
+    def __init__(
+        self, store: StateStore, time: SimTime, config: SimConfig, server: AllocUpdates
+    ) -> None:
+        self._store = store
+        self._time = time
+        # Read at each use: the startup, stop and migration lag delays.
+        self._config = config
+        self._server = server
         self._timers: dict[str, asyncio.TimerHandle] = {}
         # new alloc id -> old alloc id whose completion waits for it (production ordering)
         self._completes_after: dict[str, str] = {}
@@ -48,36 +63,46 @@ class Client:
         self._window_start: dict[str, int] = {}
         self._window_count: dict[str, int] = {}
 
+    # -- watching the state store -------------------------------------------------
+
+    def on_commit(self, commit: Commit) -> None:
+        """A store watcher: react to what the server wrote, in its order."""
+        for change in commit.changes:
+            if change.table == ALLOCS:
+                before, after = change.before, change.after
+                if after is None:
+                    self._forget(change.key)  # purged
+                elif before is None:
+                    self._on_placed(after)
+                elif before.desired_status == "run" and after.desired_status == "stop":
+                    self._on_stop(self._store.allocs[change.key])
+            elif change.table == NODES:
+                before, after = change.before, change.after
+                went_down = before is not None and before.status != "down"
+                if after is not None and after.status == "down" and went_down:
+                    self._on_node_down(change.key)
+
     # -- helpers ----------------------------------------------------------------
 
     def _later(self, alloc_id: str, delay_s: float, fn: object) -> None:
         assert callable(fn)
-        self.sim.timers.cancel(self._timers.pop(alloc_id, None))
-        self._timers[alloc_id] = self.sim.timers.call_later(delay_s, fn)
+        timers = self._time.timers
+        timers.cancel(self._timers.pop(alloc_id, None))
+        self._timers[alloc_id] = timers.call_later(delay_s, fn)
 
-    def forget(self, alloc_id: str) -> None:
-        self.sim.timers.cancel(self._timers.pop(alloc_id, None))
+    def _forget(self, alloc_id: str) -> None:
+        self._time.timers.cancel(self._timers.pop(alloc_id, None))
 
     def _tasks(self, alloc: Alloc) -> list[str]:
         group = group_of(alloc.job, alloc.task_group) or {}
         return [t["Name"] for t in group.get("Tasks") or []]
 
     def _node_up(self, alloc: Alloc) -> bool:
-        node = self.sim.store.nodes.get(alloc.node_id)
+        node = self._store.nodes.get(alloc.node_id)
         return node is not None and node.status == "ready"
 
-    def _update(self, alloc: Alloc, evals: tuple[Eval, ...] = ()) -> Alloc:
-        """Commit a client update (and any evaluation it triggers)."""
-        store = self.sim.store
-        with store.txn("AllocClientUpdate") as tx:
-            new = stamp_alloc(alloc, tx.index, self.sim.clock.now_ns(), client=True)
-            tx.put_alloc(new)
-            for ev in evals:
-                tx.put_eval(self.sim.stamp_eval(ev, tx.index))
-        for ev in evals:
-            self.sim.scheduler.enqueue(ev.id)
-        self.sim.after_client_update(new)
-        return new
+    def _update(self, alloc: Alloc) -> Alloc:
+        return self._server.update_alloc(alloc)
 
     def _with_event(self, alloc: Alloc, event: TaskEvent, **changes: object) -> Alloc:
         states = []
@@ -88,25 +113,25 @@ class Client:
         return replace(alloc, task_states=tuple(states))
 
     def _current(self, alloc_id: str) -> Alloc | None:
-        alloc = self.sim.store.allocs.get(alloc_id)
+        alloc = self._store.allocs.get(alloc_id)
         if alloc is None or not self._node_up(alloc):
             return None
         return alloc
 
     # -- placement and start ----------------------------------------------------
 
-    def on_placed(self, alloc: Alloc) -> None:
+    def _on_placed(self, alloc: Alloc) -> None:
         self._later(alloc.id, 0, lambda: self._receive(alloc.id))
 
     def _receive(self, alloc_id: str) -> None:
         alloc = self._current(alloc_id)
         if alloc is None or alloc.client_status != PENDING or alloc.desired_status != "run":
             return
-        now = self.sim.clock.now_ns()
+        now = self._time.now_ns()
         alloc = self._with_event(
             alloc, TaskEvent("Received", now, display_message="Task received by client")
         )
-        prev = self.sim.store.allocs.get(alloc.previous_allocation)
+        prev = self._store.allocs.get(alloc.previous_allocation)
         if prev is not None and not prev.client_terminal() and self._node_up(prev):
             # Nomad's client waits for the previous allocation to stop first.
             self._update(alloc)
@@ -115,7 +140,7 @@ class Client:
         self._setup(alloc)
 
     def _setup(self, alloc: Alloc) -> None:
-        now = self.sim.clock.now_ns()
+        now = self._time.now_ns()
         alloc = self._with_event(
             alloc,
             TaskEvent(
@@ -138,9 +163,7 @@ class Client:
             ),
         )
         alloc = self._update(alloc)
-        self._later(
-            alloc.id, self.sim.config.startup_delay_ms / 1000, lambda: self._start(alloc.id)
-        )
+        self._later(alloc.id, self._config.startup_delay_ms / 1000, lambda: self._start(alloc.id))
 
     def _image(self, alloc: Alloc) -> str:
         group = group_of(alloc.job, alloc.task_group) or {}
@@ -154,7 +177,7 @@ class Client:
         alloc = self._current(alloc_id)
         if alloc is None or alloc.desired_status != "run" or alloc.client_terminal():
             return
-        now = self.sim.clock.now_ns()
+        now = self._time.now_ns()
         started = self._with_event(
             alloc,
             TaskEvent("Started", now, display_message="Task started by client"),
@@ -165,31 +188,31 @@ class Client:
         self._update(started)
         old = self._completes_after.pop(alloc_id, None)
         if old is not None:
-            lag = self.sim.config.migration_stop_lag_ms / 1000
+            lag = self._config.migration_stop_lag_ms / 1000
             self._later(old, lag, lambda: self._killed(old))
 
     # -- stop -----------------------------------------------------------------
 
-    def on_stop(self, alloc: Alloc) -> None:
+    def _on_stop(self, alloc: Alloc) -> None:
         """The server set DesiredStatus stop: kill the tasks."""
         if alloc.client_terminal() or not self._node_up(alloc):
-            self.forget(alloc.id)
+            self._forget(alloc.id)
             return
-        successor = self.sim.migrations.get(alloc.next_allocation)
-        if successor is not None and successor[1] == "production":
+        successor = self._store.migration_of(alloc.next_allocation)
+        if successor is not None and successor.ordering == "production":
             # Production ordering: the old allocation keeps running until its
             # replacement is running, and completes shortly after.
             self._completes_after[alloc.next_allocation] = alloc.id
-            self.forget(alloc.id)
+            self._forget(alloc.id)
             self._kill_event(alloc)
             return
         self._kill_event(alloc)
-        self._later(alloc.id, self.sim.config.stop_delay_ms / 1000, lambda: self._killed(alloc.id))
+        self._later(alloc.id, self._config.stop_delay_ms / 1000, lambda: self._killed(alloc.id))
 
     def _kill_event(self, alloc: Alloc) -> None:
         if alloc.client_status != RUNNING:
             return
-        now = self.sim.clock.now_ns()
+        now = self._time.now_ns()
         timeout = int(str(self._task_field(alloc, "KillTimeout") or 5 * SECOND))
         alloc = self._with_event(
             alloc,
@@ -215,7 +238,7 @@ class Client:
         alloc = self._current(alloc_id)
         if alloc is None or alloc.client_terminal():
             return
-        now = self.sim.clock.now_ns()
+        now = self._time.now_ns()
         was_running = alloc.client_status == RUNNING
         if was_running:
             alloc = self._with_event(
@@ -257,7 +280,7 @@ class Client:
         alloc = self._current(alloc_id)
         if alloc is None or alloc.client_status != RUNNING or alloc.desired_status != "run":
             return False
-        now = self.sim.clock.now_ns()
+        now = self._time.now_ns()
         details = (
             ("exit_code", str(exit_code)),
             ("oom_killed", "true" if oom else "false"),
@@ -282,7 +305,7 @@ class Client:
         mode = policy.get("Mode") or "fail"
         # Restarts are counted per interval, from the first restart in it.
         window_start = self._window_start.get(alloc_id, 0)
-        span = self.sim.scaled(interval)
+        span = self._time.scaled(interval)
         if interval and now - window_start >= span:
             window_start = now
             self._window_start[alloc_id] = now
@@ -290,7 +313,7 @@ class Client:
         used = self._window_count.get(alloc_id, 0)
         if used < attempts or mode == "delay":
             # StartDelay is what the client really waits, in simulator time.
-            wait = self.sim.scaled(delay)
+            wait = self._time.scaled(delay)
             if used >= attempts:
                 wait = max(wait, window_start + span - now)
             self._window_count[alloc_id] = used + 1 if used < attempts else 0
@@ -333,16 +356,7 @@ class Client:
         )
         alloc = self._with_event(alloc, not_restarting, state="dead", failed=True, finished_at=now)
         alloc = replace(alloc, client_status=FAILED, client_description="Failed tasks")
-        ev = Eval(
-            id=self.sim.new_id(),
-            namespace=alloc.namespace,
-            priority=int(alloc.job.get("Priority", 50)),
-            type=alloc.job_type,
-            triggered_by="alloc-failure",
-            job_id=alloc.job_id,
-            job_modify_index=int(alloc.job.get("JobModifyIndex", 0)),
-        )
-        self._update(alloc, (ev,))
+        self._update(alloc)  # the server evaluates the job: a reschedule may follow
         return True
 
     def _restart(self, alloc_id: str) -> None:
@@ -351,7 +365,7 @@ class Client:
         alloc = self._current(alloc_id)
         if alloc is None or alloc.desired_status != "run" or alloc.client_terminal():
             return
-        now = self.sim.clock.now_ns()
+        now = self._time.now_ns()
         alloc = self._with_event(
             alloc,
             TaskEvent("Started", now, display_message="Task started by client"),
@@ -361,10 +375,10 @@ class Client:
         alloc = replace(alloc, client_status=RUNNING, client_description="Tasks are running")
         self._update(alloc)
 
-    def on_node_down(self, node_id: str) -> None:
+    def _on_node_down(self, node_id: str) -> None:
         """A down node's client reports nothing more: drop its timers."""
-        for alloc in self.sim.store.node_allocs(node_id):
-            self.forget(alloc.id)
+        for alloc in self._store.node_allocs(node_id):
+            self._forget(alloc.id)
 
     def pending_timers(self) -> int:
         return len(self._timers)

@@ -40,9 +40,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from controller.sim import gojson
-from controller.sim.core import NomadError, Simulator
-from controller.sim.driver import Execution
+from nomadsim import gojson
+from nomadsim.core import Simulator
+from nomadsim.driver import Execution
+from nomadsim.errors import NomadError
 
 EXEC_ROUTE = "/v1/client/allocation/{alloc_id}/exec"
 # A close frame's payload is at most 125 bytes, two of them the code.
@@ -379,7 +380,7 @@ def exec_endpoint(sim: Simulator) -> Callable[[WebSocket], Awaitable[None]]:
             await close(websocket, 1011, "No cluster leader")
             return
         try:
-            execution = sim.exec(
+            execution = sim.alloc_endpoint.exec(
                 websocket.path_params["alloc_id"], args.task, args.command, args.tty, token
             )
         except NomadError as exc:

@@ -19,12 +19,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
-from controller.sim import bexpr, encode
-from controller.sim.alloc_exec import EXEC_ROUTE, exec_endpoint, not_upgraded_endpoint
-from controller.sim.core import NomadError, Simulator
-from controller.sim.events import Subscription, parse_topics
-from controller.sim.state import ALLOCS, EVALS, JOB_SUMMARY, JOBS, NODES, VARIABLES
-from controller.sim.variables import VariableError, parse_go_duration
+from nomadsim import bexpr, encode
+from nomadsim.alloc_exec import EXEC_ROUTE, exec_endpoint, not_upgraded_endpoint
+from nomadsim.core import Simulator
+from nomadsim.errors import NomadError
+from nomadsim.events import Subscription, parse_topics
+from nomadsim.state import ALLOCS, EVALS, JOB_SUMMARY, JOBS, NODES, VARIABLES
+from nomadsim.variables import VariableError, parse_go_duration
 
 MAX_WAIT_S = 300.0
 Handler = Callable[[Request, Simulator], Awaitable[Response]]
@@ -188,8 +189,8 @@ async def list_jobs(request: Request, sim: Simulator) -> Response:
                 continue
             if ids is not None and job_id not in ids:
                 continue
-            summary = sim.job_summary(rec, b.table(ALLOCS)) if stale else None
-            out.append(sim.job_stub_json(rec, meta, summary))
+            summary = sim.presenter.job_summary(rec, b.table(ALLOCS)) if stale else None
+            out.append(sim.presenter.job_stub_json(rec, meta, summary))
         return b.index(JOBS, JOB_SUMMARY), json_array(out)
 
     return await b.run((JOBS, JOB_SUMMARY), compute)
@@ -208,7 +209,7 @@ async def register_job(request: Request, sim: Simulator, job_id: str | None = No
         index = int(body.get("JobModifyIndex") or 0)
     except (TypeError, ValueError):
         raise NomadError(400, "JobModifyIndex must be an integer") from None
-    result = sim.register_job(job, ns or "default", enforce, index)
+    result = sim.job_endpoint.register(job, ns or "default", enforce, index)
     return json_response(result, result["Index"])
 
 
@@ -219,7 +220,7 @@ async def job_route(request: Request, sim: Simulator) -> Response:
     ns = namespace_of(request)
     if request.method == "DELETE":
         purge = flag(request, "purge")
-        result = sim.deregister_job(ns, job_id, purge)
+        result = sim.job_endpoint.deregister(ns, job_id, purge)
         return json_response(result, result["Index"])
     b = Blocking(request, sim)
 
@@ -260,7 +261,7 @@ async def job_allocations(request: Request, sim: Simulator) -> Response:
                 and a.job.get("CreateIndex") != rec.spec["CreateIndex"]
             ):
                 continue
-            out.append(sim.encode_alloc_stub(a, False, True))
+            out.append(sim.presenter.alloc_stub(a, False, True))
         return b.index(ALLOCS), out
 
     return await b.run((ALLOCS,), compute)
@@ -285,7 +286,7 @@ async def job_summary(request: Request, sim: Simulator) -> Response:
 
     def compute() -> tuple[int, Any]:
         rec = _job_or_404(sim, ns, job_id)
-        summary = sim.job_summary(rec, b.table(ALLOCS))
+        summary = sim.presenter.job_summary(rec, b.table(ALLOCS))
         return summary["ModifyIndex"], summary
 
     return await b.run((JOBS, JOB_SUMMARY), compute)
@@ -308,7 +309,7 @@ async def job_versions(request: Request, sim: Simulator) -> Response:
 
 
 async def job_evaluate(request: Request, sim: Simulator) -> Response:
-    result = sim.evaluate_job(namespace_of(request), request.path_params["job_id"])
+    result = sim.job_endpoint.evaluate(namespace_of(request), request.path_params["job_id"])
     return json_response(result, result["Index"])
 
 
@@ -342,9 +343,9 @@ async def list_allocations(request: Request, sim: Simulator) -> Response:
             if job_ids is not None:
                 allocs = [a for a in allocs if a.job_id in job_ids]
             elif expression is not None:
-                allocs = [a for a in allocs if keep(expression, sim.alloc_datum(a))]
+                allocs = [a for a in allocs if keep(expression, sim.presenter.alloc_datum(a))]
             allocs.sort(key=lambda a: a.create_index)
-        body = json_array(sim.alloc_stub_json(a, resources, task_states) for a in allocs)
+        body = json_array(sim.presenter.alloc_stub_json(a, resources, task_states) for a in allocs)
         return b.index(ALLOCS), body
 
     return await b.run((ALLOCS,), compute)
@@ -358,13 +359,13 @@ async def get_allocation(request: Request, sim: Simulator) -> Response:
         alloc = sim.store.allocs.get(alloc_id)
         if alloc is None:
             raise NomadError(404, "alloc not found")
-        return alloc.modify_index, sim.encode_alloc(alloc)
+        return alloc.modify_index, sim.presenter.alloc(alloc)
 
     return await b.run((ALLOCS,), compute)
 
 
 async def stop_allocation(request: Request, sim: Simulator) -> Response:
-    result = sim.stop_alloc(request.path_params["alloc_id"])
+    result = sim.alloc_endpoint.stop(request.path_params["alloc_id"])
     return json_response(result, result["Index"])
 
 
@@ -414,7 +415,7 @@ async def evaluation_allocations(request: Request, sim: Simulator) -> Response:
             (a for a in sim.store.allocs.values() if a.eval_id == eval_id),
             key=lambda a: a.create_index,
         )
-        return b.index(ALLOCS), [sim.encode_alloc_stub(a, False, True) for a in allocs]
+        return b.index(ALLOCS), [sim.presenter.alloc_stub(a, False, True) for a in allocs]
 
     return await b.run((ALLOCS,), compute)
 
@@ -441,7 +442,7 @@ async def get_node(request: Request, sim: Simulator) -> Response:
     node_id = request.path_params["node_id"]
 
     def compute() -> tuple[int, Any]:
-        node = sim.node(node_id)
+        node = sim.node_endpoint.get(node_id)
         return node.modify_index, encode.node_full(node)
 
     return await b.run((NODES,), compute)
@@ -452,9 +453,9 @@ async def node_allocations(request: Request, sim: Simulator) -> Response:
     node_id = request.path_params["node_id"]
 
     def compute() -> tuple[int, Any]:
-        sim.node(node_id)
+        sim.node_endpoint.get(node_id)
         allocs = sim.store.node_allocs(node_id)
-        return b.index(ALLOCS), [sim.encode_alloc(a) for a in allocs]
+        return b.index(ALLOCS), [sim.presenter.alloc(a) for a in allocs]
 
     return await b.run((ALLOCS,), compute)
 
@@ -463,7 +464,7 @@ async def drain_node(request: Request, sim: Simulator) -> Response:
     body = await read_body(request) or {}
     if not isinstance(body, dict):
         raise NomadError(400, "Request decode failed: body must be an object")
-    result = sim.drain_node(
+    result = sim.node_endpoint.drain(
         request.path_params["node_id"], body.get("DrainSpec"), bool(body.get("MarkEligible"))
     )
     return json_response(result, result["Index"])
@@ -473,7 +474,9 @@ async def node_eligibility(request: Request, sim: Simulator) -> Response:
     body = await read_body(request) or {}
     if not isinstance(body, dict):
         raise NomadError(400, "Request decode failed: body must be an object")
-    result = sim.set_eligibility(request.path_params["node_id"], body.get("Eligibility"))
+    result = sim.node_endpoint.set_eligibility(
+        request.path_params["node_id"], body.get("Eligibility")
+    )
     return json_response(result, result["Index"])
 
 
@@ -645,7 +648,7 @@ async def agent_self(request: Request, sim: Simulator) -> Response:
                 "Datacenter": "dc1",
                 "NodeName": "nomad-sim",
                 "Version": {"Version": "1.11.1", "VersionPrerelease": "", "Revision": "sim"},
-                "ACL": {"Enabled": sim.acl_enabled},
+                "ACL": {"Enabled": sim.acl.enabled},
             },
             "member": {
                 "Name": "nomad-sim.global",
@@ -687,12 +690,12 @@ async def sim_alloc_crash(request: Request, sim: Simulator) -> Response:
 
 
 async def sim_node_down(request: Request, sim: Simulator) -> Response:
-    sim.set_node_status(request.path_params["node_id"], "down")
+    sim.node_endpoint.set_status(request.path_params["node_id"], "down")
     return json_response({"Index": sim.store.index})
 
 
 async def sim_node_up(request: Request, sim: Simulator) -> Response:
-    sim.set_node_status(request.path_params["node_id"], "ready")
+    sim.node_endpoint.set_status(request.path_params["node_id"], "ready")
     return json_response({"Index": sim.store.index})
 
 
@@ -716,12 +719,12 @@ def _wrap(
     async def serve(request: Request) -> Response:
         key = f"{request.method} {template}"
         sim.requests[key] = sim.requests.get(key, 0) + 1
-        if nomad_api and sim.acl_enabled:
+        if nomad_api and sim.acl.enabled:
             token = request.headers.get("X-Nomad-Token")
             auth = request.headers.get("Authorization", "")
             if auth.startswith("Bearer "):
                 token = token or auth[7:]
-            if not sim.token_known(token):
+            if not sim.acl.known(token):
                 return text(403, "Permission denied")
         if nomad_api:
             faults = sim.faults

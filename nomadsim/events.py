@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controller.sim.encode import evaluation, node_full
-from controller.sim.records import Alloc, Eval, JobRecord, JsonDict, Node
-from controller.sim.state import ALLOCS, EVALS, JOBS, NODES, Commit
+from nomadsim.encode import evaluation, node_full
+from nomadsim.records import Alloc, Eval, JobRecord, JsonDict, Node
+from nomadsim.state import ALLOCS, EVALS, JOBS, NODES, Commit
 
 
 class _Deferred:

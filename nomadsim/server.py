@@ -31,8 +31,9 @@ from typing import TypeVar
 import uvicorn
 from starlette.applications import Starlette
 
-from controller.sim.core import SimConfig, Simulator
-from controller.sim.http import routes
+from nomadsim.config import SimConfig
+from nomadsim.core import Simulator
+from nomadsim.http import routes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

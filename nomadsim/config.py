@@ -1,0 +1,90 @@
+"""What shapes a simulated cluster (`SimConfig`, given when it is built) and the
+fault injection knobs (`Faults`, changed at run time through /_sim/faults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from nomadsim.records import JsonDict
+
+# How a migration's replacement and the allocation it replaces are ordered
+# (the `migration_ordering` fault): as observed in production, as Nomad's
+# client code path does it, or either at random per migration.
+ORDERINGS = ("production", "client", "random")
+
+
+@dataclass
+class SimConfig:
+    """Everything that shapes a simulated cluster. Timings are milliseconds."""
+
+    nodes: int = 3
+    seed: int = 0
+    startup_delay_ms: float = 500.0
+    stop_delay_ms: float = 200.0
+    # The management token: every capability. With it or `acl_tokens` set,
+    # ACLs are on and every /v1 request needs a known token.
+    acl_token: str | None = None
+    # More tokens, each with the namespace capabilities it grants in every
+    # namespace (`alloc-exec`, `read-job`, ...). Routes other than exec accept
+    # any known token; exec needs `alloc-exec`.
+    acl_tokens: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    heartbeat_interval_ms: float = 30_000.0
+    event_buffer_size: int = 100
+    # Production ordering: how long after the replacement runs the old one completes.
+    migration_stop_lag_ms: float = 30.0
+    node_cpu_mhz: int = 64_000
+    node_memory_mb: int = 131_072
+    # How far behind the leader a stale list read may be.
+    stale_lag_ms: float = 500.0
+    # Multiplies durations that come from Nomad objects (restart and reschedule
+    # delays, drain deadlines, lock TTLs and delays) so tests can run a 10 s
+    # lock TTL in 10 ms. 1.0 is real time.
+    time_scale: float = 1.0
+    # Initial `migration_ordering` fault: production, client or random.
+    migration_ordering: str = "production"
+
+
+@dataclass
+class Faults:
+    """Fault injection knobs, read and written through /_sim/faults."""
+
+    http_error_rate: float = 0.0
+    http_latency_ms: float = 0.0
+    stale_read_rate: float = 0.0
+    event_duplicate_rate: float = 0.0
+    event_stream_cut_every: int = 0
+    heartbeat_loss: bool = False
+    migration_ordering: str = "production"
+
+    def update(self, raw: Any) -> None:
+        """Apply a partial update; ValueError names the first bad key."""
+        if not isinstance(raw, dict):
+            raise ValueError("faults must be a JSON object")
+        known = {f.name: f.type for f in fields(self)}
+        staged = {}
+        for key, value in raw.items():
+            if key not in known:
+                raise ValueError(f"unknown fault {key!r}; known: {', '.join(sorted(known))}")
+            current = getattr(self, key)
+            if isinstance(current, bool):
+                if not isinstance(value, bool):
+                    raise ValueError(f"{key} must be true or false")
+            elif isinstance(current, str):
+                if value not in ORDERINGS:
+                    raise ValueError(f"{key} must be one of {', '.join(ORDERINGS)}")
+            elif isinstance(current, int):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"{key} must be a non-negative integer")
+            else:
+                if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                    raise ValueError(f"{key} must be a non-negative number")
+                if key.endswith("_rate") and value > 1:
+                    raise ValueError(f"{key} must be between 0 and 1")
+                value = float(value)
+            staged[key] = value
+        for key, value in staged.items():
+            setattr(self, key, value)
+
+    def as_dict(self) -> JsonDict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
