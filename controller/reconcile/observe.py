@@ -15,7 +15,7 @@
   changed costs nothing, whatever the number of runners. Events still carry
   no decision: they only say which jobs to look at, and the look is a read
   of Nomad.
-- Both kinds share one build step (`_read_jobs`): fetch the specs that
+- Both kinds share one build step (`JobReader.read`, in `reads`): fetch the specs that
   changed, derive the views whose job or allocations changed (cached by
   JobModifyIndex, status and allocation ModifyIndexes), and hand the result
   to `snapshot.rebuilt` or `snapshot.merged`.
@@ -38,39 +38,32 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from controller.clock import Clock
 from controller.metrics import Metrics
-from controller.model import Allocation, Phase, RunnerJob, RunnerView, Template
+from controller.model import RunnerView, Template
 from controller.nomad import jobs
 from controller.nomad.events import EventRef
 from controller.nomad.gateway import (
     AllocListing,
     JobListing,
-    JobStub,
-    NomadAPIError,
     NomadGateway,
-    NomadUnavailable,
 )
 from controller.reconcile import snapshot as snapshots
 from controller.reconcile.derive import derive_runner
 from controller.reconcile.expectations import Expectations, Pending
 from controller.reconcile.heard import Heard, Mentions, Named
-from controller.reconcile.snapshot import EMPTY, Read, Snapshot
+from controller.reconcile.reads import TARGETED_MAX_JOBS, JobReader, template_of
+from controller.reconcile.snapshot import EMPTY, Snapshot
 from controller.reconcile.specs import CachedSpec, SpecCache
 
 log = logging.getLogger(__name__)
 
 JsonDict = dict[str, Any]
 
-# A targeted refresh of more jobs than this (or than a quarter of all runners)
-# is done as a full one: a few big lists beat many filtered ones.
-TARGETED_MAX_JOBS = 500
 # Reads behind the events already heard are retried this often, waiting
 # 1, 2, 3 × this long in between, before a pass goes on with what it has.
 STALE_RETRIES = 3
@@ -81,38 +74,6 @@ STALE_RETRY_WAIT_S = 0.05
 FOLLOW_BATCH_S = 0.005
 FOLLOW_MIN_INTERVAL_S = 0.01
 FOLLOW_BACKOFF_S = 0.5
-
-
-@runtime_checkable
-class ScopedLists(Protocol):
-    """Lists limited to given jobs. A gateway without them gets full refreshes only."""
-
-    def list_jobs_by_id(self, job_ids: Collection[str]) -> JobListing:
-        """Stubs of those of the jobs that exist."""
-        ...
-
-    def list_allocations_of_jobs(self, job_ids: Collection[str]) -> AllocListing:
-        """Every allocation of the jobs, as `list_allocations` returns them."""
-        ...
-
-    def list_allocation_versions(self) -> AllocListing:
-        """Every allocation of the namespace without task states or resources
-        (IDs, jobs and ModifyIndexes are what matter)."""
-        ...
-
-
-# What a runner view was derived from: a view is derived again only when this changes.
-_DerivedFrom = tuple[int, str, tuple[tuple[str, int], ...]]
-
-
-@dataclass(frozen=True)
-class _JobsRead:
-    """The outcome of `_read_jobs`: what the snapshot gets, the specs read,
-    and the jobs whose spec could not be read."""
-
-    read: Read
-    specs: Mapping[str, CachedSpec]
-    unreadable: set[str]
 
 
 class Observer:
@@ -127,19 +88,20 @@ class Observer:
         full_relist_s: float = 300.0,
     ) -> None:
         self._gateway = gateway
-        self._scoped = gateway if isinstance(gateway, ScopedLists) else None
         self._clock = clock
         self._expectations = expectations
         self._metrics = metrics
-        self._fetch_concurrency = fetch_concurrency
         self._full_relist_s = full_relist_s
         self._heard = Heard()
         self._refresh_lock = threading.Lock()  # one refresh at a time
         self._lock = threading.Lock()  # guards the fields below
         self._snapshot = EMPTY
         self._specs = SpecCache()
-        # Only the refresh (under `_refresh_lock`) reads and writes `_derived`.
-        self._derived: dict[str, tuple[_DerivedFrom, RunnerView]] = {}
+        self._reader = JobReader(
+            gateway=gateway,
+            current_specs=self._current_specs,
+            fetch_concurrency=fetch_concurrency,
+        )
         self._stream_connected = False
         self._full_wanted = True  # a full refresh must come next
         self._last_full = float("-inf")
@@ -249,6 +211,16 @@ class Observer:
                 time.sleep(STALE_RETRY_WAIT_S * (attempt + 1))
             return snap
 
+    def _current_specs(self, listed: Mapping[str, int]) -> dict[str, CachedSpec]:
+        """Of the jobs `listed` (id → the JobModifyIndex a list shows), those
+        cached at least that new: they need not be read again."""
+        with self._lock:
+            return {
+                job_id: cached
+                for job_id, index in listed.items()
+                if (cached := self._specs.current_for(job_id, index)) is not None
+            }
+
     def _fresh(self, snap: Snapshot, wanted: int, max_age_s: float | None) -> bool:
         if not self._observed_once or snap.covers < wanted:
             return False
@@ -300,7 +272,7 @@ class Observer:
             prev = self._snapshot
             full = (
                 not self._observed_once
-                or self._scoped is None
+                or self._reader.scoped is None
                 or not self._stream_connected
                 or self._full_wanted
                 or started - self._last_full >= self._full_relist_s
@@ -325,7 +297,7 @@ class Observer:
 
     def _observe_full(self, prev: Snapshot, covers: int, started: float, named: Named) -> Snapshot:
         job_list = self._gateway.list_jobs()
-        alloc_list = self._list_allocations(prev)
+        alloc_list = self._reader.list_allocations(prev, self._observed_once)
         if self._stale(prev, job_list, alloc_list) or self._behind(named, job_list, alloc_list):
             self._heard.put_back(named)
             with self._lock:
@@ -349,7 +321,7 @@ class Observer:
             self.refreshes["unchanged"] += 1
             return snap
         stubs = {s.id: s for s in job_list.jobs if jobs.env_id_of(s.id) is not None}
-        result = self._read_jobs(stubs, stubs, alloc_list)
+        result = self._reader.read(stubs, stubs, alloc_list)
         snap = snapshots.rebuilt(
             result.read,
             jobs_index=job_list.index,
@@ -358,7 +330,7 @@ class Observer:
             taken_at=self._clock.monotonic(),
             safe=not result.unreadable,
         )
-        self._derived = {j: d for j, d in self._derived.items() if j in snap.runners}
+        self._reader.keep_only(snap.runners)
         with self._lock:
             self._specs.keep_only(stubs)
             snap = self._install(snap, result.specs)
@@ -375,39 +347,9 @@ class Observer:
         self.refreshes["full"] += 1
         return snap
 
-    def _list_allocations(self, prev: Snapshot) -> AllocListing:
-        """Every allocation of the namespace. Once observed, from a brief list
-        (no task states, no resources: about a quarter of the bytes) plus a
-        full read of only the jobs whose allocations are new, changed (another
-        ModifyIndex) or gone; the others are the same as already decoded."""
-        if self._scoped is None or not self._observed_once:
-            return self._gateway.list_allocations()
-        brief = self._scoped.list_allocation_versions()
-        known = {a.id: a for allocs in prev.allocs.values() for a in allocs}
-        listed = {a.id for a in brief.allocations}
-        changed = {
-            a.job_id
-            for a in brief.allocations
-            if (old := known.get(a.id)) is None or old.modify_index != a.modify_index
-        }
-        changed |= {a.job_id for a in known.values() if a.id not in listed}
-        changed = {j for j in changed if jobs.env_id_of(j) is not None}
-        allocations = [
-            known[a.id] for a in brief.allocations if a.job_id not in changed and a.id in known
-        ]
-        if not changed:
-            return AllocListing(tuple(allocations), brief.index)
-        if len(changed) > TARGETED_MAX_JOBS:
-            # After a long disconnection: one full list beats hundreds of
-            # filtered ones.
-            return self._gateway.list_allocations()
-        detail = self._scoped.list_allocations_of_jobs(changed)
-        # The details are at least as new as the brief list (the lower index
-        # of the two marks a stale read).
-        return AllocListing(tuple(allocations) + detail.allocations, min(brief.index, detail.index))
-
     def _observe_targeted(self, prev: Snapshot, covers: int, named: Named) -> Snapshot:
-        assert self._scoped is not None
+        scoped = self._reader.scoped
+        assert scoped is not None
         if not named:
             # Nothing was named since the last refresh: nothing to read.
             with self._lock:
@@ -416,8 +358,8 @@ class Observer:
             self.refreshes["unchanged"] += 1
             return snap
         ids = sorted(named)
-        job_list = self._scoped.list_jobs_by_id(ids)
-        alloc_list = self._scoped.list_allocations_of_jobs(ids)
+        job_list = scoped.list_jobs_by_id(ids)
+        alloc_list = scoped.list_allocations_of_jobs(ids)
         if self._stale(prev, job_list, alloc_list):
             self._heard.put_back(named)
             return prev
@@ -432,7 +374,7 @@ class Observer:
             ids = [j for j in ids if j not in behind]
         wanted = set(ids)
         stubs = {s.id: s for s in job_list.jobs if s.id in wanted}
-        result = self._read_jobs(ids, stubs, alloc_list)
+        result = self._reader.read(ids, stubs, alloc_list)
         with self._lock:
             # Built on the current snapshot: it holds our writes since `prev`.
             base = self._snapshot
@@ -460,7 +402,7 @@ class Observer:
             for job_id in ids:
                 if job_id not in stubs:
                     self._specs.drop(job_id)
-                    self._derived.pop(job_id, None)
+                    self._reader.forget([job_id])
             snap = self._install(snap, result.specs)
             # Every job an event up to `covers` named has been read: the merged
             # snapshot shows every job as of min(covers, list index).
@@ -471,42 +413,6 @@ class Observer:
             self._heard.put_back({job_id: named[job_id] for job_id in result.unreadable})
         self.refreshes["targeted"] += 1
         return snap
-
-    def _read_jobs(
-        self, ids: Iterable[str], stubs: Mapping[str, JobStub], alloc_list: AllocListing
-    ) -> _JobsRead:
-        """The build step of both refreshes: for the jobs `ids` (those not in
-        `stubs` are gone), their specs (cached ones reused, new or changed
-        ones fetched), allocations and derived templates and views."""
-        specs, unreadable = self._fetch_changed(stubs)
-        by_job: dict[str, list[Allocation]] = defaultdict(list)
-        for alloc in alloc_list.allocations:
-            if alloc.job_id in stubs:
-                by_job[alloc.job_id].append(alloc)
-        templates: dict[int, Template] = {}
-        runners: dict[str, RunnerView] = {}
-        allocs: dict[str, tuple[Allocation, ...]] = {}
-        gone_templates: list[int] = []
-        gone_runners: list[str] = []
-        for job_id in ids:
-            stub = stubs.get(job_id)
-            if stub is None:
-                # Named by an event and no longer listed: the job is gone.
-                env_id = jobs.template_env_id(job_id)
-                if env_id is not None:
-                    gone_templates.append(env_id)
-                else:
-                    gone_runners.append(job_id)
-                continue
-            job_allocs = tuple(by_job.get(job_id, ()))
-            allocs[job_id] = job_allocs
-            view = self._derive(job_id, stub, specs.get(job_id), job_allocs)
-            if isinstance(view, Template):
-                templates[view.env.id] = view
-            elif view is not None:
-                runners[job_id] = view
-        read = Read(templates, runners, allocs, gone_templates, gone_runners)
-        return _JobsRead(read, specs, unreadable)
 
     def _install(self, snap: Snapshot, specs: Mapping[str, CachedSpec]) -> Snapshot:
         """Make `snap` the snapshot, with the specs read into the cache and our
@@ -553,78 +459,6 @@ class Observer:
             return True
         return False
 
-    def _derive(
-        self,
-        job_id: str,
-        stub: JobStub,
-        spec: CachedSpec | None,
-        allocs: tuple[Allocation, ...],
-    ) -> Template | RunnerView | None:
-        """The template or runner view of a listed job (its spec read or cached)."""
-        env_id = jobs.template_env_id(job_id)
-        if env_id is not None:
-            return _template(spec.decode(), env_id) if spec is not None else None
-        env_id = jobs.runner_env_id(job_id)
-        assert env_id is not None
-        if spec is None or spec.runner is None:
-            return _unknown(stub, env_id, allocs)
-        derived_from = (
-            spec.modify_index,
-            stub.status,
-            tuple((a.id, a.modify_index) for a in allocs),
-        )
-        cached = self._derived.get(job_id)
-        if cached is not None and cached[0] == derived_from:
-            return cached[1]
-        # Status is not part of the spec (it changes without a new
-        # JobModifyIndex): it comes from the list.
-        view = derive_runner(replace(spec.runner, status=stub.status), allocs)
-        self._derived[job_id] = (derived_from, view)
-        return view
-
-    def _fetch_changed(
-        self, stubs: Mapping[str, JobStub]
-    ) -> tuple[dict[str, CachedSpec], set[str]]:
-        """Specs of the listed jobs: cached ones reused, new or changed ones fetched."""
-        specs: dict[str, CachedSpec] = {}
-        wanted: list[str] = []
-        with self._lock:
-            for job_id, stub in stubs.items():
-                cached = self._specs.current_for(job_id, stub.job_modify_index)
-                if cached is not None:
-                    specs[job_id] = cached
-                else:
-                    wanted.append(job_id)
-        unreadable: set[str] = set()
-        if not wanted:
-            return specs, unreadable
-
-        def fetch(job_id: str) -> tuple[str, CachedSpec | None, bool]:
-            with self._lock:
-                mine = self._specs.current_for(job_id, stubs[job_id].job_modify_index)
-            if mine is not None:
-                return job_id, mine, True  # our own write landed since the list
-            try:
-                spec = self._gateway.get_job(job_id)
-            except (NomadUnavailable, NomadAPIError) as exc:
-                log.warning("could not read job %s: %s", job_id, exc)
-                return job_id, None, False
-            return job_id, (CachedSpec.of(job_id, spec) if spec is not None else None), True
-
-        if len(wanted) == 1:
-            results = [fetch(wanted[0])]
-        else:
-            workers = min(self._fetch_concurrency, len(wanted))
-            with ThreadPoolExecutor(workers, thread_name_prefix="nrc-fetch") as pool:
-                results = list(pool.map(fetch, wanted))
-        for job_id, spec, ok in results:
-            if spec is not None:
-                specs[job_id] = spec
-            elif not ok:
-                unreadable.add(job_id)
-            # ok and None: deleted between the list and the read; it is gone.
-        return specs, unreadable
-
 
 @dataclass(frozen=True)
 class _Listed:
@@ -645,7 +479,7 @@ def _with_spec(snap: Snapshot, job_id: str, spec: JsonDict, cached: CachedSpec) 
     """The snapshot showing a spec we wrote."""
     env_id = jobs.template_env_id(job_id)
     if env_id is not None:
-        return snapshots.with_template(snap, _template(spec, env_id))
+        return snapshots.with_template(snap, template_of(spec, env_id))
     old = snap.runners.get(job_id)
     if cached.runner is None or old is None:
         return snap  # a new runner shows up with the next list (its creation is expected)
@@ -660,20 +494,3 @@ def _without(snap: Snapshot, job_id: str) -> Snapshot:
     if env_id is not None:
         return snapshots.without_template(snap, env_id)
     return snapshots.without_runner(snap, job_id)
-
-
-def _template(spec: JsonDict, env_id: int) -> Template:
-    return Template(jobs.environment_from_job(spec, env_id), jobs.modify_index(spec), spec)
-
-
-def _unknown(stub: JobStub, env_id: int, allocs: tuple[Allocation, ...]) -> RunnerView:
-    job = RunnerJob(
-        id=stub.id,
-        env_id=env_id,
-        job_modify_index=stub.job_modify_index,
-        create_index=stub.create_index,
-        submit_time=stub.submit_time,
-        stop=stub.stop,
-        status=stub.status,
-    )
-    return RunnerView(job=job, phase=Phase.STARTING, known=False)

@@ -14,7 +14,7 @@ from controller.metrics import Metrics
 from controller.model import Claim, Environment, Phase
 from controller.nomad import jobs
 from controller.nomad.events import decode_events
-from controller.reconcile import observe
+from controller.reconcile import reads
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.observe import Observer
 from tests.helpers import wait_until
@@ -195,7 +195,7 @@ def test_a_full_re_list_with_too_many_changed_jobs_lists_all_allocations_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     nomad, observer, _, _ = setup(runners=4)
-    monkeypatch.setattr(observe, "TARGETED_MAX_JOBS", 2)
+    monkeypatch.setattr(reads, "TARGETED_MAX_JOBS", 2)
     for n in range(3):
         nomad.run(runner_id(n), status="failed")
     snap = observer.refresh(full=True)

@@ -1,5 +1,5 @@
 """The in-memory Nomad of the unit tests: every method of `NomadGateway` (and
-the scoped lists of `observe.ScopedLists`, as `NomadClient` has them), for
+the scoped lists of `reads.ScopedLists`, as `NomadClient` has them), for
 driving the real Observer, Claims, Actor, LeaderElector and Controller
 without HTTP, threads of our own or real time.
 
