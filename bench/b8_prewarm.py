@@ -19,12 +19,12 @@ The model of the pool, per environment (docs/prewarming.md):
   the node, plus Nomad's evaluation and the controller's pass. Seeded.
 - Static pool of size S: every claimed runner is replaced at once, so S
   runners are idle (ready or starting) at all times.
-- Adaptive: the policy runs after every claim, at its `wake_at` and on every
-  30 s resync (the controller's default), seeing only the claims and
-  start-ups that have happened; the pool is then filled to its target or
-  trimmed (starting runners newest first, then the oldest ready ones). Once
-  a simulated day its history goes through JSON and back, as a controller
-  restart would.
+- Adaptive: the policy runs after every claim, when a runner becomes ready,
+  at its `wake_at` and on every 30 s resync (the controller's default),
+  seeing only the claims and start-ups that have happened; the pool is then
+  filled to its target or trimmed, oldest ready runners first and never a
+  starting one. Once a simulated day its history goes through JSON and
+  back, as a controller restart would.
 
 Reported per environment: warm-hit rate, idle runner-hours (runners that
 exist and nobody holds, starting or ready), runner jobs created, for the
@@ -61,6 +61,7 @@ WEEK_S = 7 * DAY_S
 FLOOR = 5
 CEILING_MULTIPLE = 10.0
 CEILING_CAP = 100
+CEILING = ceiling_for(FLOOR, CEILING_MULTIPLE, CEILING_CAP)
 HIT_TARGET = 99.5  # %
 IDLE_RATIO_TARGET = 50.0  # % of the smallest static pool with the same hit rate
 JOBS_RATIO_TARGET = 1.2
@@ -171,7 +172,7 @@ class _Pool:
 
     ready: list[tuple[float, int]] = field(default_factory=list)  # (created at, id), oldest first
     starting: dict[int, tuple[float, float]] = field(default_factory=dict)  # id → created, ready
-    refills: list[tuple[float, int]] = field(default_factory=list)  # heap of (ready at, id)
+    refills: list[tuple[float, int]] = field(default_factory=list)  # heap (ready at, id)
     next_id: int = 0
 
     @property
@@ -185,7 +186,7 @@ def replay_adaptive(
     model: StartupModel,
     seed: int,
     floor: int = FLOOR,
-    ceiling: int = ceiling_for(FLOOR, CEILING_MULTIPLE, CEILING_CAP),
+    ceiling: int = CEILING,
 ) -> AdaptiveRun:
     rng = random.Random(seed)
     end = horizon_s(claims)
@@ -215,10 +216,9 @@ def replay_adaptive(
         outcome.jobs += count
 
     def trim(count: int) -> None:
-        newest_first = sorted(pool.starting, key=lambda r: pool.starting[r][0], reverse=True)
-        for runner in newest_first[:count]:
-            del pool.starting[runner]  # its entry in `refills` is skipped when it comes up
-        del pool.ready[: max(0, count - len(newest_first))]
+        # Only ready runners, oldest first (the issue: never delete a starting
+        # runner to scale down); a starting surplus goes once it is ready.
+        del pool.ready[:count]
 
     def reconcile() -> None:
         nonlocal history, wake
@@ -270,11 +270,11 @@ def replay_adaptive(
         minute = int(clock // 60)
         if t == upcoming[1]:
             ready_at, runner = heapq.heappop(pool.refills)
-            if runner in pool.starting:
-                created, _ = pool.starting.pop(runner)
-                pool.ready.append((created, runner))
-                startups = record_startup(history.startups, round((ready_at - created) * SECOND))
-                history = History(history.claims, startups, history.hold)
+            created, _ = pool.starting.pop(runner)
+            pool.ready.append((created, runner))
+            startups = record_startup(history.startups, round((ready_at - created) * SECOND))
+            history = History(history.claims, startups, history.hold)
+            reconcile()  # the allocation's event names the environment
         elif t == upcoming[0]:
             claim = claims[i]
             i += 1
@@ -356,9 +356,11 @@ def replay_environment(
     seed: int,
     params: PolicyParams,
     model: StartupModel = StartupModel(),
+    floor: int = FLOOR,
+    ceiling: int = CEILING,
 ) -> EnvironmentReplay:
     peak = peak_concurrency(claims)
-    adaptive = replay_adaptive(claims, params, model, seed)
+    adaptive = replay_adaptive(claims, params, model, seed, floor, ceiling)
     sweep = static_sweep(claims, peak, model, seed)
     best = smallest_static(sweep, adaptive.outcome.hit_rate)
     return EnvironmentReplay(label, environment_id, claims, peak, adaptive, sweep, best)
@@ -402,7 +404,7 @@ def run(quick: bool = False, traces: Sequence[str | Path] = (), results: Path = 
     result.details["model"] = {
         "startup": {"distribution": "lognormal", **asdict(StartupModel())},
         "floor": FLOOR,
-        "ceiling": ceiling_for(FLOOR, CEILING_MULTIPLE, CEILING_CAP),
+        "ceiling": CEILING,
         "resync_s": RESYNC_S,
         "params": asdict(params),
     }

@@ -1,7 +1,7 @@
-"""The prewarming replay's picture: per environment, the whole trace and a
-close-up of its busiest minute in the last week (a lecture the policy has
-seen in earlier weeks), with claims per minute, the adaptive target, idle
-runners, misses and the smallest static pool as warm.
+"""The prewarming replay's picture: per environment, the whole trace and two
+close-ups, the last burst that recurs at the same time of week (a lecture)
+and the last that does not (an unannounced one), with claims per minute, the
+adaptive target, idle runners, misses and the smallest static pool as warm.
 
 matplotlib with the Agg backend (no display); imported only when drawing.
 """
@@ -24,7 +24,29 @@ if TYPE_CHECKING:
 
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 COARSE = 10  # minutes per point in the whole-trace panel
-CLOSE_BEFORE, CLOSE_AFTER = 30, 40  # minutes around the close-up's busiest minute
+CLOSE_BEFORE, CLOSE_AFTER = 30, 40  # minutes around a close-up's busiest minute
+WEEK_MINUTES = 7 * 1440
+BURST_CLAIMS = 50  # claims in a minute that make a burst
+SAME_TIME = 10  # minutes: bursts this close in time of week are the same one
+
+
+def bursts(claims: Sequence[int]) -> list[int]:
+    """Minutes with a burst: BURST_CLAIMS or more, the busiest within SAME_TIME."""
+    out: list[int] = []
+    for m, n in enumerate(claims):
+        around = claims[max(0, m - SAME_TIME) : m + SAME_TIME + 1]
+        if n >= BURST_CLAIMS and n == max(around) and not (out and m - out[-1] <= SAME_TIME):
+            out.append(m)
+    return out
+
+
+def recurs(minute: int, found: Sequence[int]) -> bool:
+    """Whether another week has a burst at about the same time of week."""
+    for other in found:
+        phase = (other - minute) % WEEK_MINUTES
+        if abs(other - minute) > SAME_TIME and min(phase, WEEK_MINUTES - phase) <= SAME_TIME:
+            return True
+    return False
 
 
 def _coarse(values: Sequence[int], step: int, how: str = "max") -> list[int]:
@@ -62,10 +84,12 @@ def _whole(ax: Axes, r: EnvironmentReplay) -> None:
     ax.set_ylabel("runners / claims")
 
 
-def _close_up(ax: Axes, r: EnvironmentReplay) -> None:
+def _close_up(ax: Axes, r: EnvironmentReplay, busiest: int | None, what: str) -> None:
     t = r.adaptive.timeline
-    last_week = max(0, len(t.claims) - 7 * 1440)
-    busiest = max(range(last_week, len(t.claims)), key=lambda m: t.claims[m])
+    if busiest is None:
+        ax.set_title(f"no {what} burst in this trace", fontsize=9)
+        ax.set_axis_off()
+        return
     lo, hi = max(0, busiest - CLOSE_BEFORE), min(len(t.claims), busiest + CLOSE_AFTER)
     minutes = list(range(lo, hi))
     x = [m - busiest for m in minutes]
@@ -80,8 +104,8 @@ def _close_up(ax: Axes, r: EnvironmentReplay) -> None:
                    s=[12 + 6 * n for _, n in missed], zorder=3, label="misses")  # fmt: skip
     day, minute_of_day = divmod(busiest, 1440)
     ax.set_title(
-        f"week {day // 7 + 1}, {WEEKDAYS[day % 7]} "
-        f"{minute_of_day // 60:02d}:{minute_of_day % 60:02d} ± minutes",
+        f"{what}: week {day // 7 + 1}, {WEEKDAYS[day % 7]} "
+        f"{minute_of_day // 60:02d}:{minute_of_day % 60:02d} (± min)",
         fontsize=9,
     )
     ax.legend(loc="upper left", fontsize=7)
@@ -90,12 +114,16 @@ def _close_up(ax: Axes, r: EnvironmentReplay) -> None:
 def draw(replays: Sequence[EnvironmentReplay], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(
-        len(replays), 2, figsize=(13, 3.4 * len(replays)), squeeze=False,
-        gridspec_kw={"width_ratios": [3, 1]},
+        len(replays), 3, figsize=(16, 3.4 * len(replays)), squeeze=False,
+        gridspec_kw={"width_ratios": [3, 1, 1]},
     )  # fmt: skip
     for row, replay in zip(axes, replays, strict=True):
         _whole(row[0], replay)
-        _close_up(row[1], replay)
+        found = bursts(replay.adaptive.timeline.claims)
+        recurring = [m for m in found if recurs(m, found)]
+        once = [m for m in found if not recurs(m, found)]
+        _close_up(row[1], replay, recurring[-1] if recurring else None, "recurring")
+        _close_up(row[2], replay, once[-1] if once else None, "unannounced")
     fig.tight_layout()
     fig.savefig(path, dpi=72)
     plt.close(fig)

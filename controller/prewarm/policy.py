@@ -12,7 +12,7 @@ every default):
   last 10 minutes. *Seasonal*: the busiest minute at the same phase of the
   last three weeks, from now to L plus the pre-warm horizon ahead, so a
   lecture at 10:15 on Mondays has its pool filled before 10:15. *Panic*:
-  the claims of the last 10 s, taken only when they run at least twice
+  the claims of the last 6 s, taken only when they run at least twice
   ahead of both (Knative's panic window): a burst nobody announced.
 - Base stock: with N ~ Poisson(λ·L) the claims during one refill, the pool
   is the smallest k with P(N > k) ≤ the miss probability, that is the
@@ -71,7 +71,7 @@ class PolicyParams:
     default_lead_ns: int = 10 * SECOND
     min_startups: int = 5
     stable_window_ns: int = 600 * SECOND
-    panic_window_ns: int = 10 * SECOND
+    panic_window_ns: int = 6 * SECOND
     panic_threshold: float = 2.0
     panic_min_claims: int = 4
     season_weeks: int = 3

@@ -94,8 +94,8 @@ class Case:
     hold: Hold = field(default_factory=Hold)
 
 
-# 20 claims in the last 5 s; with the steady claim at now, 2.1/s over the 10 s
-# panic window, 12.6 expected in 6 s
+# 20 claims in the last 5 s; with the steady claim at now, 21 in the 6 s panic
+# window: 3.5/s, so 21 expected in a 6 s lead time
 BURST = every(0.25, 5)
 
 CASES = [
@@ -109,7 +109,7 @@ CASES = [
     Case("few start-ups: default lead", every(10, 1800), 5, Reason.FORECAST, startups=(5.0,) * 4),
     # slow start-ups: 30 s + 1 s at 0.1/s is 3.1 expected
     Case("slow start-ups", every(10, 1800), 10, Reason.FORECAST, startups=(30.0,) * 10),
-    Case("a burst", every(10, 1800) + BURST, 25, Reason.FORECAST, Component.PANIC),
+    Case("a burst", every(10, 1800) + BURST, 36, Reason.FORECAST, Component.PANIC),
     # 3 claims in 2 s are below the panic minimum of 4: a coincidence, not a burst
     Case("three quick claims are no burst", every(0.5, 1.5), 2, Reason.FLOOR),
     # the busiest minute of each lecture held 75 claims: 1.25/s × 6 s = 7.5 expected
@@ -163,7 +163,7 @@ CASES = [
     Case(
         "hysteresis: a higher forecast is taken at once",
         every(10, 1800) + BURST,
-        25,
+        36,
         Reason.FORECAST,
         Component.PANIC,
         hold=Hold(8, NOW - MINUTE),
@@ -228,7 +228,7 @@ def test_the_forecast_names_its_parts():
     assert forecast.steady_rate == pytest.approx(0.1)
     assert forecast.expected == pytest.approx(0.6)
     assert forecast.stock == 4 and forecast.safety == pytest.approx(3.4)
-    assert forecast.seasonal_rate == 0 and forecast.panic_rate == pytest.approx(0.1)
+    assert forecast.seasonal_rate == 0 and forecast.panic_rate == pytest.approx(1 / 6)
 
 
 def test_a_lecture_is_pre_warmed_from_the_horizon_until_a_hold_after_it():

@@ -123,3 +123,15 @@ def test_a_replay_of_a_small_trace_reports_and_draws(tmp_path: Path):
     assert (tmp_path / "prewarm-tiny.png").stat().st_size > 1000
     assert result.details["pictures"] == ["prewarm-tiny.png"]
     json.dumps(result.details)  # what write_result stores
+
+
+def test_the_picture_tells_a_recurring_burst_from_an_unannounced_one():
+    from bench.prewarm_plot import WEEK_MINUTES, bursts, recurs
+
+    claims = [1] * (3 * WEEK_MINUTES)
+    for minute in (600, WEEK_MINUTES + 604, 2 * WEEK_MINUTES + 598, 2 * WEEK_MINUTES + 3000):
+        claims[minute] = 120
+        claims[minute + 1] = 60  # the same burst's second minute
+    found = bursts(claims)
+    assert found == [600, WEEK_MINUTES + 604, 2 * WEEK_MINUTES + 598, 2 * WEEK_MINUTES + 3000]
+    assert [recurs(m, found) for m in found] == [True, True, True, False]
