@@ -2,7 +2,9 @@
 write bench/results/<name>.json for each and print the table.
 
 Names: claims, convergence, event_to_ready, pass_cost, steady_load (which also
-writes memory), executions, files. A benchmark that breaks is reported and the others still run;
+writes memory), executions, files, prewarm. `python -m bench prewarm --trace
+FILE.csv` replays a claim trace of your own instead of the shipped ones
+(bench/b8_prewarm.py). A benchmark that breaks is reported and the others still run;
 the exit status is 0 unless one could not run at all (targets missed are
 reported, never a failure).
 """
@@ -23,6 +25,7 @@ from bench import (
     b5_steady,
     b6_executions,
     b7_files,
+    b8_prewarm,
 )
 from bench.common import Result, machine, render_table, write_result
 
@@ -34,6 +37,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[Result]]] = {
     "steady_load": b5_steady.run,  # steady_load and memory
     "executions": lambda quick: [b6_executions.run(quick)],
     "files": lambda quick: [b7_files.run(quick)],
+    "prewarm": lambda quick: [b8_prewarm.run(quick)],
 }
 
 
@@ -41,8 +45,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("names", nargs="*", choices=[*BENCHMARKS, []], metavar="name")
     parser.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
+    parser.add_argument(
+        "--trace",
+        action="append",
+        default=[],
+        metavar="FILE.csv",
+        help="prewarm: replay this claim trace (t_seconds,environment_id,hold_seconds); repeatable",
+    )
     args = parser.parse_args(argv)
     names = args.names or list(BENCHMARKS)
+    benchmarks = dict(BENCHMARKS)
+    if args.trace:
+        if args.names and args.names != ["prewarm"]:
+            parser.error("--trace is an option of the prewarm benchmark only")
+        names = ["prewarm"]
+        benchmarks["prewarm"] = lambda quick: [b8_prewarm.run(quick, traces=args.trace)]
     facts = machine()
     print(
         f"machine: {facts['cpu_count']} CPUs ({facts['cpu_model'] or 'unknown model'}), "
@@ -56,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"-- {name} ...", flush=True)
         started = time.perf_counter()
         try:
-            produced = BENCHMARKS[name](args.quick)
+            produced = benchmarks[name](args.quick)
         except Exception:
             traceback.print_exc()
             broken.append(name)
