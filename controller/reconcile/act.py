@@ -26,6 +26,7 @@ from controller.reconcile.expectations import Expectations
 from controller.reconcile.observe import Observer
 from controller.reconcile.plan import (
     IDLE_ONLY_REASONS,
+    REPLACED_REASONS,
     Action,
     CreateRunners,
     DeleteReason,
@@ -68,6 +69,18 @@ class Actor:
 
     def execute(self, env_id: int, actions: tuple[Action, ...], template: Template | None) -> int:
         """Run all actions; return how many writes failed (the pass is then retried)."""
+        for action in actions:
+            if isinstance(action, DeleteRunner) and action.reason in REPLACED_REASONS:
+                # Said before any write: a replacement may be created and the
+                # process killed before the deletion lands (retried through a
+                # burst of 500s, say). This line is what then shows the runner
+                # was replaced, not over-created (the chaos suite counts it).
+                log.info(
+                    "replacing runner %s (%s)",
+                    action.runner_id,
+                    action.reason,
+                    extra={"runner_id": action.runner_id, "environment_id": env_id},
+                )
         futures: list[Future[bool]] = []
         for action in actions:
             if isinstance(action, CreateRunners):

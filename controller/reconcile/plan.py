@@ -38,6 +38,16 @@ IDLE_ONLY_REASONS = frozenset(
         DeleteReason.ORPHAN,
     }
 )
+# Idle runners the plan no longer counts in the pool: the same pass creates
+# their replacements.
+REPLACED_REASONS = frozenset(
+    {
+        DeleteReason.OUTDATED,
+        DeleteReason.DEAD,
+        DeleteReason.FAILED_TO_START,
+        DeleteReason.STARTUP_TIMEOUT,
+    }
+)
 
 
 @dataclass(frozen=True)

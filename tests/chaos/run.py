@@ -66,6 +66,13 @@ DELETED = re.compile(r"^deleted runner (\S+) \((\w+)\)$")
 # even when the runner is deleted later for another reason (orphan, surplus).
 DELETE_FAILED = re.compile(r"^deleting runner (\S+) \((\w+)\): ")
 RELEASED = re.compile(r"^released runner (\S+)")
+# A pass that replaces an idle runner says so before any of its writes: a
+# SIGKILL may cut the deletion (retried through a 500 burst) after the
+# replacement was created, and the runner is then deleted later for another
+# reason (an orphan once its environment is gone).
+REPLACING_LINE = re.compile(r"^replacing runner (\S+) \((\w+)\)$")
+# ... unless it was claimed before its deletion: then it counts as a claim.
+CLAIMED_MEANWHILE = re.compile(r"^not deleting (\S+) \((\w+)\): it was claimed meanwhile$")
 # Idle runners deleted for these reasons are replaced by a new job (invariant 5).
 REPLACING = frozenset({"outdated", "dead", "failed_to_start", "startup_timeout"})
 # Deleting a runner for these reasons says it was not running any more.
@@ -306,14 +313,19 @@ class ChaosRun:
 
     def _deletions(self) -> tuple[dict[str, str], set[str], set[str]]:
         """Runner deletions the controllers logged (runner → reason), releases, and
-        the runners the controllers set out to replace (a deletion for a
-        REPLACING reason logged, done or failed)."""
+        the runners the controllers set out to replace (a replacement announced,
+        or a deletion for a REPLACING reason logged, done or failed), less those
+        claimed before their deletion."""
         lines, _ = self.controller.log_lines()
         deleted: dict[str, str] = {}
         released: set[str] = set()
         replacing: set[str] = set()
+        claimed_meanwhile: set[str] = set()
         for line in lines:
-            for pattern in (DELETED, DELETE_FAILED):
+            match = CLAIMED_MEANWHILE.match(line.message)
+            if match:
+                claimed_meanwhile.add(match.group(1))
+            for pattern in (REPLACING_LINE, DELETED, DELETE_FAILED):
                 match = pattern.match(line.message)
                 if match and match.group(2) in REPLACING:
                     replacing.add(match.group(1))
@@ -323,7 +335,7 @@ class ChaosRun:
             match = RELEASED.match(line.message)
             if match:
                 released.add(match.group(1))
-        return deleted, released, replacing
+        return deleted, released, replacing - claimed_meanwhile
 
     def _check_bound(self, expected: dict[int, EnvSpec]) -> None:
         """Invariant 5: created ≤ pool increases + claims + replacements, per environment."""

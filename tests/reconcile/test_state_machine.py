@@ -68,6 +68,7 @@ from controller.reconcile.derive import derive_runner
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.plan import (
     IDLE_ONLY_REASONS,
+    REPLACED_REASONS,
     Budget,
     CreateRunners,
     DeleteReason,
@@ -97,14 +98,7 @@ FAULT_WINDOW_S = 50.0
 
 IDLE_REASONS = IDLE_ONLY_REASONS
 # Idle runners the controller judged beyond use: each one justifies a replacement.
-REPLACED = frozenset(
-    {
-        DeleteReason.OUTDATED,
-        DeleteReason.DEAD,
-        DeleteReason.FAILED_TO_START,
-        DeleteReason.STARTUP_TIMEOUT,
-    }
-)
+REPLACED = REPLACED_REASONS
 
 
 class Outcome(StrEnum):
