@@ -7,6 +7,11 @@ index has been observed, a creation still counts towards the pool and a
 deletion still removes the runner from it, so a lagging list never causes
 over-creation or a double delete. Each expectation also times out, so a lost
 write cannot block an environment for ever.
+
+`observe` is called by the observer as it installs the snapshot built from
+the list, and passes read `pending` with that snapshot
+(`Observer.snapshot_and_pending`): settled before the snapshot that shows
+the runner, a creation would be counted by neither.
 """
 
 from __future__ import annotations
