@@ -177,15 +177,7 @@ class Client:
         alloc = self._current(alloc_id)
         if alloc is None or alloc.desired_status != "run" or alloc.client_terminal():
             return
-        now = self._time.now_ns()
-        started = self._with_event(
-            alloc,
-            TaskEvent("Started", now, display_message="Task started by client"),
-            state=RUNNING,
-            started_at=now,
-        )
-        started = replace(started, client_status=RUNNING, client_description="Tasks are running")
-        self._update(started)
+        self._update(self._running(alloc))
         old = self._completes_after.pop(alloc_id, None)
         if old is not None:
             lag = self._config.migration_stop_lag_ms / 1000
@@ -359,12 +351,9 @@ class Client:
         self._update(alloc)  # the server evaluates the job: a reschedule may follow
         return True
 
-    def _restart(self, alloc_id: str) -> None:
-        """The restart delay is over: the task starts again. Moving from
-        `pending` to `running` sets a new `StartedAt`, as every start does."""
-        alloc = self._current(alloc_id)
-        if alloc is None or alloc.desired_status != "run" or alloc.client_terminal():
-            return
+    def _running(self, alloc: Alloc) -> Alloc:
+        """The allocation with its task started now: a Started event, a new
+        `StartedAt`, and running on the client."""
         now = self._time.now_ns()
         alloc = self._with_event(
             alloc,
@@ -372,8 +361,15 @@ class Client:
             state=RUNNING,
             started_at=now,
         )
-        alloc = replace(alloc, client_status=RUNNING, client_description="Tasks are running")
-        self._update(alloc)
+        return replace(alloc, client_status=RUNNING, client_description="Tasks are running")
+
+    def _restart(self, alloc_id: str) -> None:
+        """The restart delay is over: the task starts again. Moving from
+        `pending` to `running` sets a new `StartedAt`, as every start does."""
+        alloc = self._current(alloc_id)
+        if alloc is None or alloc.desired_status != "run" or alloc.client_terminal():
+            return
+        self._update(self._running(alloc))
 
     def _on_node_down(self, node_id: str) -> None:
         """A down node's client reports nothing more: drop its timers."""
