@@ -19,6 +19,7 @@ from controller.metrics import Metrics
 from controller.model import SECOND, Phase, RunnerView, Template
 from controller.reconcile.expectations import Pending
 from controller.reconcile.plan import Action, Budget, PlanInput, PlanSettings, PoolCounts, plan
+from controller.reconcile.prewarming import Prewarmer
 from controller.reconcile.snapshot import Snapshot
 from controller.reconcile.worker import Result
 
@@ -55,6 +56,7 @@ class PoolReconciler:
         metrics: Metrics,
         settings: PlanSettings,
         is_leader: Callable[[], bool],
+        prewarmer: Prewarmer | None = None,
     ) -> None:
         self._observer = observer
         self._claims = claims
@@ -63,6 +65,7 @@ class PoolReconciler:
         self._metrics = metrics
         self._settings = settings
         self._is_leader = is_leader
+        self._prewarmer = prewarmer  # None: static pools (prewarmingPoolSize)
         self._lock = threading.Lock()  # guards the per-environment state below
         self._budgets: dict[int, Budget] = {}
         self._degraded: set[int] = set()
@@ -90,6 +93,9 @@ class PoolReconciler:
                 self._orphan_since.pop(env_id, None)
                 orphan_since = None
             budget = self._budgets.get(env_id, Budget())
+        decision = None
+        if template is not None and self._prewarmer is not None:
+            decision = self._prewarmer.decide(env_id, template.env.prewarming_pool_size)
         result = plan(
             PlanInput(
                 env_id=env_id,
@@ -103,6 +109,7 @@ class PoolReconciler:
                 orphan_since=orphan_since,
                 budget=budget,
                 settings=self._settings,
+                pool_size=decision.target if decision is not None else None,
             )
         )
         with self._lock:
@@ -110,7 +117,8 @@ class PoolReconciler:
         self._record(env_id, snap, views, result.counts, template is not None, result.degraded)
         if template is not None and pending.creating:
             pool = result.counts.idle_ready + result.counts.idle_starting
-            held_back = min(pending.creating, template.env.prewarming_pool_size - pool)
+            wanted = decision.target if decision else template.env.prewarming_pool_size
+            held_back = min(pending.creating, wanted - pool)
             if held_back > 0:
                 # Without the expectation this pass would have created these again.
                 self._metrics.guard_hits.labels("expectation").inc(held_back)
@@ -118,7 +126,10 @@ class PoolReconciler:
         cost = self._clock.monotonic() - started
         failed = self._actor.execute(env_id, result.actions, template) if result.actions else 0
         self.passes += 1
-        requeue = None if result.wake_at is None else (result.wake_at - now) / SECOND
+        # Plan's deadlines, and when the policy's target may change unprompted.
+        policy_wake = decision.wake_at if decision is not None else None
+        wakes = [w for w in (result.wake_at, policy_wake) if w is not None]
+        requeue = (min(wakes) - now) / SECOND if wakes else None
         return Result(requeue_after_s=requeue, failed_writes=failed, cost_s=cost)
 
     def orphaned_now(self, env_id: int) -> None:
@@ -191,6 +202,8 @@ class PoolReconciler:
                     self._seen_ready.add(v.alloc.id)
                     if v.startup_ns is not None:
                         m.runner_startup_seconds.observe(v.startup_ns / SECOND)
+                        if self._prewarmer is not None:
+                            self._prewarmer.record_startup(env_id, v.startup_ns)
             if len(self._seen_ready) > 4 * max(1, len(snap.runners)) + 1000:
                 live = {a.id for allocs in snap.allocs.values() for a in allocs}
                 self._seen_ready &= live
