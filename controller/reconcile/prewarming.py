@@ -111,7 +111,10 @@ class Prewarmer:
             )
             if decision.hold != h.hold:
                 env.history = replace(h, hold=decision.hold)
-                env.dirty = True
+                # A new `needed_at` alone waits for the next write a claim
+                # causes: an idle environment is not rewritten every minute.
+                # (A hold below the floor reads as the floor.)
+                env.dirty |= decision.hold.target != max(h.hold.target, floor)
             env.decision = decision
             due = env.dirty and (
                 env.saved_at is None or now - env.saved_at >= s.save_interval_s * SECOND
