@@ -158,6 +158,7 @@ class Claims:
                 self._on_change(env_id)
                 return view
         self._metrics.claims.labels("empty").inc()
+        self._metrics.prewarm_misses.labels(str(env_id)).inc()
         self._on_change(env_id)
         raise NoRunnerAvailable(env_id)
 

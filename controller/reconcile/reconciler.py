@@ -72,6 +72,7 @@ class PoolReconciler:
         self._orphan_since: dict[int, int] = {}
         self._seen_ready: set[str] = set()  # allocations whose start-up time is recorded
         self._gauged: set[int] = set()  # environments with pool gauges
+        self._idle_since: dict[int, tuple[int, int]] = {}  # env → (ns, idle runners) at last pass
         self.passes = 0
 
     def reconcile(self, env_id: int) -> Result:
@@ -115,6 +116,10 @@ class PoolReconciler:
         with self._lock:
             self._budgets[env_id] = result.budget
         self._record(env_id, snap, views, result.counts, template is not None, result.degraded)
+        if decision is not None and env_id in self.gauged():
+            label = str(env_id)
+            self._metrics.prewarm_target.labels(label).set(decision.target)
+            self._metrics.prewarm_forecast.labels(label).set(decision.forecast.rate)
         if template is not None and pending.creating:
             pool = result.counts.idle_ready + result.counts.idle_starting
             wanted = decision.target if decision else template.env.prewarming_pool_size
@@ -153,6 +158,7 @@ class PoolReconciler:
         follower's would be frozen at the moment it lost the lock."""
         with self._lock:
             gauged, self._gauged = set(self._gauged), set()
+            self._idle_since.clear()  # a follower's time is nobody's cost
         for env_id in gauged:
             self._metrics.drop_environment(env_id)
 
@@ -176,6 +182,7 @@ class PoolReconciler:
             with self._lock:
                 was_gauged = env_id in self._gauged
                 self._gauged.discard(env_id)
+                self._idle_since.pop(env_id, None)
             if was_gauged:
                 m.drop_environment(env_id)
             return
@@ -185,6 +192,14 @@ class PoolReconciler:
         if new:
             m.init_environment(env_id)
         label = str(env_id)
+        now = self._clock.now_ns()
+        idle = counts.idle_ready + counts.idle_starting
+        with self._lock:
+            since, was_idle = self._idle_since.get(env_id, (now, 0))
+            self._idle_since[env_id] = (now, idle)
+        if now > since:
+            # What the pool cost since the last pass, at the count seen then.
+            m.idle_runner_seconds.labels(label).inc(was_idle * (now - since) / SECOND)
         m.runners.labels(label, "idle").set(counts.idle_ready)
         m.runners.labels(label, "starting").set(counts.idle_starting)
         m.runners.labels(label, "claimed").set(counts.claimed)

@@ -13,6 +13,7 @@ from controller.clock import ManualClock
 from controller.metrics import Metrics
 from controller.model import SECOND, Environment
 from controller.prewarm.history import from_json
+from controller.reconcile.claims import NoRunnerAvailable
 from controller.reconcile.loop import Controller, ControllerSettings
 from controller.reconcile.prewarming import HISTORY_ITEM, PrewarmSettings
 from tests.support.fake_nomad import FakeNomad
@@ -65,12 +66,29 @@ def test_a_burst_of_claims_raises_an_adaptive_pool_only(
     for _ in range(5):
         controller.claims.claim(ENV.id, timeout_s=0)
         clock.advance(0.2)
+    with pytest.raises(NoRunnerAvailable):
+        controller.claims.claim(ENV.id, timeout_s=0)
+    assert (
+        controller.metrics.registry.get_sample_value(
+            "nrc_prewarm_misses_total", {"environment": str(ENV.id)}
+        )
+        == 1
+    )
     requeue = reconcile(controller)
     created = len(nomad.created()) - 5
+    registry = controller.metrics.registry
+    labels = {"environment": str(ENV.id)}
+    # Counted per pass at what the pass saw: none before the runners were
+    # placed, then 5 for the 1 s until the pass after the claims.
+    idle_s = registry.get_sample_value("nrc_idle_runner_seconds_total", labels)
+    assert idle_s == pytest.approx(5 * 1.0)
+    target = registry.get_sample_value("nrc_prewarm_target_runners", labels)
     if not adaptive:
         assert created == 5  # the claimed ones replaced, nothing more
         assert nomad.variables == {}
+        assert target is None  # static pools export no adaptive target
         return
+    assert target == created
     decision = controller.prewarmer.decision(ENV.id) if controller.prewarmer else None
     assert decision is not None and decision.target > 5
     assert created == decision.target  # every idle runner was claimed
