@@ -164,6 +164,7 @@ class Controller:
             is_leader=self.is_leader,
             ready=self.ready,
             enqueue=self.enqueue,
+            prewarmer=self.prewarmer,
         )
         self._stream_factory = stream_factory
         self._stream: EventSource | None = None
