@@ -25,7 +25,16 @@ from typing import Protocol
 
 from controller.clock import Clock
 from controller.model import SECOND
-from controller.prewarm.history import History, from_json, record, record_startup, to_json
+from controller.prewarm.history import (
+    REAL_TIME,
+    ClaimHistory,
+    History,
+    Timescale,
+    from_json,
+    record,
+    record_startup,
+    to_json,
+)
 from controller.prewarm.policy import Decision, PolicyInput, PolicyParams, ceiling_for, target
 
 log = logging.getLogger(__name__)
@@ -41,6 +50,7 @@ class PrewarmSettings:
     variable_prefix: str = "nomad-runner-controller/prewarm"
     save_interval_s: float = 60.0
     params: PolicyParams = field(default_factory=PolicyParams)
+    timescale: Timescale = REAL_TIME  # compressed only by tests
 
 
 class VariableStore(Protocol):
@@ -51,7 +61,7 @@ class VariableStore(Protocol):
 
 @dataclass
 class _Env:
-    history: History = field(default_factory=History)
+    history: History
     loaded: bool = False
     early_claims: list[int] = field(default_factory=list)  # ns, before `loaded`
     dirty: bool = False
@@ -69,13 +79,16 @@ class Prewarmer:
         self._lock = threading.Lock()  # guards _envs; never held across a Nomad call
         self._envs: dict[int, _Env] = {}
 
+    def _new(self) -> _Env:
+        return _Env(History(claims=ClaimHistory(scale=self.settings.timescale)))
+
     def path(self, env_id: int) -> str:
         return f"{self.settings.variable_prefix}/{env_id}"
 
     def record_claim(self, env_id: int) -> None:
         now = self._clock.now_ns()
         with self._lock:
-            env = self._envs.setdefault(env_id, _Env())
+            env = self._envs.setdefault(env_id, self._new())
             if env.loaded:
                 env.history = replace(env.history, claims=record(env.history.claims, now))
                 env.dirty = True
@@ -84,7 +97,7 @@ class Prewarmer:
 
     def record_startup(self, env_id: int, duration_ns: int) -> None:
         with self._lock:
-            env = self._envs.setdefault(env_id, _Env())
+            env = self._envs.setdefault(env_id, self._new())
             startups = record_startup(env.history.startups, duration_ns)
             env.history = replace(env.history, startups=startups)
             env.dirty = True
@@ -132,7 +145,7 @@ class Prewarmer:
     def history(self, env_id: int) -> History:
         with self._lock:
             env = self._envs.get(env_id)
-            return env.history if env is not None else History()
+            return env.history if env is not None else self._new().history
 
     def forget(self, env_id: int) -> None:
         """The environment is gone: nothing of it stays in memory."""
@@ -163,16 +176,16 @@ class Prewarmer:
             # Nomad unreachable: decide from what is in memory, read again next pass.
             log.warning("prewarm history of environment %d unreadable: %s", env_id, exc)
             with self._lock:
-                self._envs.setdefault(env_id, _Env())
+                self._envs.setdefault(env_id, self._new())
             return
-        loaded = History()
+        loaded = self._new().history
         if items is not None and HISTORY_ITEM in items:
             try:
-                loaded = from_json(items[HISTORY_ITEM])
+                loaded = from_json(items[HISTORY_ITEM], self.settings.timescale)
             except ValueError as exc:
                 log.warning("prewarm history of environment %d discarded: %s", env_id, exc)
         with self._lock:
-            env = self._envs.setdefault(env_id, _Env())
+            env = self._envs.setdefault(env_id, self._new())
             if env.loaded:
                 return  # another pass read it meanwhile
             claims = loaded.claims
