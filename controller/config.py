@@ -51,6 +51,7 @@ from controller.files.service import FileSettings
 from controller.model import SECOND
 from controller.reconcile.loop import ControllerSettings
 from controller.reconcile.plan import PlanSettings
+from controller.reconcile.prewarming import PrewarmSettings
 
 __all__ = [
     "ConfigError",
@@ -219,6 +220,7 @@ Number = Annotated[float, BeforeValidator(_number)]
 Boolean = Annotated[bool, BeforeValidator(_boolean)]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 LogFormat = Literal["json", "text", "auto"]
+PrewarmPolicy = Literal["static", "adaptive"]
 
 # Nomad's own rules (nomad/structs): namespace names and variable paths.
 _NAMESPACE = re.compile(r"[a-zA-Z0-9-]{1,128}")
@@ -478,6 +480,31 @@ class Settings(BaseSettings):
         description="Consecutive runner start failures before an environment is degraded.",
         json_schema_extra=_allowed("an integer, at least 1"),
     )
+    prewarm_policy: Annotated[PrewarmPolicy, BeforeValidator(_lower)] = Field(
+        default="static",
+        alias="NRC_PREWARM_POLICY",
+        description="How large each environment's pool is: static keeps prewarmingPoolSize "
+        "idle runners; adaptive sizes it from the claims seen (docs/prewarming.md), "
+        "never below prewarmingPoolSize.",
+        json_schema_extra=_allowed("static or adaptive (any case)"),
+    )
+    prewarm_ceiling_multiple: Number = Field(
+        default=10.0,
+        alias="NRC_PREWARM_CEILING_MULTIPLE",
+        ge=1,
+        le=1000,
+        allow_inf_nan=False,
+        description="Adaptive prewarming: the largest pool as a multiple of prewarmingPoolSize.",
+        json_schema_extra=_allowed("a number between 1 and 1000"),
+    )
+    prewarm_ceiling_cap: Integer = Field(
+        default=100,
+        alias="NRC_PREWARM_CEILING_CAP",
+        ge=0,
+        description="Adaptive prewarming: the largest pool of any environment, whatever its "
+        "multiple (never below its prewarmingPoolSize).",
+        json_schema_extra=_allowed("an integer, at least 0"),
+    )
 
     # --- leader election ---
     leader_election: Boolean = Field(
@@ -651,6 +678,11 @@ class Settings(BaseSettings):
             leader_election=self.leader_election,
             leader_lock_path=self.leader_lock_path,
             leader_ttl_s=self.leader_ttl_s,
+            prewarm=PrewarmSettings(
+                adaptive=self.prewarm_policy == "adaptive",
+                ceiling_multiple=self.prewarm_ceiling_multiple,
+                ceiling_cap=self.prewarm_ceiling_cap,
+            ),
             plan=PlanSettings(
                 orphan_grace_ns=round(self.orphan_grace_s * SECOND),
                 startup_timeout_ns=round(self.startup_timeout_s * SECOND),

@@ -131,6 +131,30 @@ class Metrics:
             ["environment"],
             registry=r,
         )
+        self.prewarm_target = Gauge(
+            "nrc_prewarm_target_runners",
+            "The adaptive pool size per environment (NRC_PREWARM_POLICY=adaptive only).",
+            ["environment"],
+            registry=r,
+        )
+        self.prewarm_forecast = Gauge(
+            "nrc_prewarm_forecast_claims_per_second",
+            "The claim rate the adaptive pool is sized for, per environment.",
+            ["environment"],
+            registry=r,
+        )
+        self.prewarm_misses = Counter(
+            "nrc_prewarm_misses_total",
+            "Claims that found no ready runner (answered NOMAD_OVERLOAD), per environment.",
+            ["environment"],
+            registry=r,
+        )
+        self.idle_runner_seconds = Counter(
+            "nrc_idle_runner_seconds_total",
+            "Runner-seconds spent idle (ready or starting, unclaimed), per environment.",
+            ["environment"],
+            registry=r,
+        )
         self.environment_degraded = Gauge(
             "nrc_environment_degraded",
             "1 while an environment's new runners keep failing to start (creation backs off).",
@@ -306,6 +330,8 @@ class Metrics:
         self.pool_desired.labels(label)
         self.environment_degraded.labels(label)
         self.jobs_created.labels(label)
+        self.prewarm_misses.labels(label)
+        self.idle_runner_seconds.labels(label)
 
     def drop_environment(self, env_id: int) -> None:
         label = str(env_id)
@@ -313,4 +339,7 @@ class Metrics:
             for state in RUNNER_STATES:
                 self.runners.remove(label, state)
             for gauge in (self.pool_desired, self.environment_degraded):
+                gauge.remove(label)
+        with contextlib.suppress(KeyError):  # static pools export none
+            for gauge in (self.prewarm_target, self.prewarm_forecast):
                 gauge.remove(label)

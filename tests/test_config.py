@@ -30,6 +30,7 @@ from controller.nomad.events import EventRef
 from controller.nomad.stream import EventStream
 from controller.reconcile.loop import ControllerSettings
 from controller.reconcile.plan import PlanSettings
+from controller.reconcile.prewarming import PrewarmSettings
 
 NOMAD_TOKEN = "3f9c1e1a-nomad-secret-token"
 API_TOKEN = "api-secret-token-0b7d"
@@ -66,6 +67,9 @@ ALL_VARIABLES = [
     "NRC_POOL_ALERT_THRESHOLD",
     "NRC_MAX_POOL_SIZE",
     "NRC_FAILURE_BUDGET",
+    "NRC_PREWARM_POLICY",
+    "NRC_PREWARM_CEILING_MULTIPLE",
+    "NRC_PREWARM_CEILING_CAP",
     "NRC_LEADER_ELECTION",
     "NRC_LEADER_LOCK_PATH",
     "NRC_LEADER_TTL",
@@ -927,3 +931,46 @@ def test_markdown_escapes_pipes() -> None:
     assert render_table([row], markdown=True).splitlines()[2] == (
         "| `NRC_X` | `a\\|b` | one \\| two. |"
     )
+
+
+# --- prewarming ----------------------------------------------------------------
+
+
+def test_prewarming_is_static_by_default() -> None:
+    prewarm = load_settings({}).controller_settings().prewarm
+    assert prewarm == PrewarmSettings()
+    assert (prewarm.adaptive, prewarm.ceiling_multiple, prewarm.ceiling_cap) == (False, 10.0, 100)
+
+
+@pytest.mark.parametrize(
+    ("environ", "adaptive", "multiple", "cap"),
+    [
+        ({"NRC_PREWARM_POLICY": "adaptive"}, True, 10.0, 100),
+        ({"NRC_PREWARM_POLICY": "Adaptive"}, True, 10.0, 100),
+        ({"NRC_PREWARM_POLICY": "static"}, False, 10.0, 100),
+        ({"NRC_PREWARM_CEILING_MULTIPLE": "2.5", "NRC_PREWARM_CEILING_CAP": "0"}, False, 2.5, 0),
+    ],
+)
+def test_prewarming_settings(
+    environ: dict[str, str], adaptive: bool, multiple: float, cap: int
+) -> None:
+    prewarm = load_settings(environ).controller_settings().prewarm
+    assert (prewarm.adaptive, prewarm.ceiling_multiple, prewarm.ceiling_cap) == (
+        adaptive,
+        multiple,
+        cap,
+    )
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "said"),
+    [
+        ("NRC_PREWARM_POLICY", "dynamic", "static or adaptive"),
+        ("NRC_PREWARM_CEILING_MULTIPLE", "0.5", "a number between 1 and 1000"),
+        ("NRC_PREWARM_CEILING_CAP", "-1", "an integer, at least 0"),
+    ],
+)
+def test_prewarming_settings_refused(var: str, value: str, said: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({var: value})
+    assert said in str(info.value) and var in str(info.value)

@@ -19,10 +19,14 @@ from controller.api.body import json_body, request_body
 from controller.api.errors import ApiError, responses
 from controller.api.models import (
     MAX_ID,
+    PREWARM_REASONS,
     EnvironmentList,
     EnvironmentRequest,
     EnvironmentStatistics,
     ExecutionEnvironment,
+    Prewarming,
+    PrewarmingForecast,
+    PrewarmReason,
 )
 from controller.model import Environment
 from controller.reconcile.facade import Pools
@@ -110,6 +114,46 @@ def router(controller: Pools, dependencies: list[Any], max_pool_size: int) -> AP
         if fetch:
             controller.sync()
         return to_body(found(executionEnvironmentId))
+
+    @api.get(
+        "/{executionEnvironmentId}/prewarming",
+        summary="Show how large the environment's pool is kept, and why",
+        description="Under NRC_PREWARM_POLICY=adaptive, the pool size the controller keeps "
+        "and the forecast demand behind it (docs/prewarming.md); under static, "
+        "prewarmingPoolSize.",
+        response_model=Prewarming,
+        responses=responses(400, 404, 500),
+    )
+    def prewarming(executionEnvironmentId: EnvironmentId) -> Prewarming:
+        p = controller.prewarming(executionEnvironmentId)
+        if p is None:
+            raise ApiError(404, f"execution environment {executionEnvironmentId} does not exist")
+        d = p.decision
+        forecast = None
+        if d is not None:
+            f = d.forecast
+            forecast = PrewarmingForecast(
+                claimsPerSecond=f.rate,
+                component=f.component.value,
+                steadyClaimsPerSecond=f.steady_rate,
+                seasonalClaimsPerSecond=f.seasonal_rate,
+                panicClaimsPerSecond=f.panic_rate,
+                leadTimeSeconds=f.lead_time_ns / 1e9,
+                expectedClaims=f.expected,
+                safetyStock=f.safety,
+            )
+        reason: PrewarmReason = "static"
+        if p.adaptive:
+            reason = "floor" if d is None else PREWARM_REASONS[d.reason.value]
+        return Prewarming(
+            id=executionEnvironmentId,
+            policy="adaptive" if p.adaptive else "static",
+            prewarmingPoolSize=p.floor,
+            ceiling=p.ceiling,
+            target=p.target,
+            reason=reason,
+            forecast=forecast,
+        )
 
     @api.put(
         "/{executionEnvironmentId}",

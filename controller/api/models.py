@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
@@ -224,6 +224,45 @@ class EnvironmentStatistics(BaseModel):
     prewarmingPoolSize: int
     idleRunners: int = Field(description="Idle runners that are ready to be handed out.")
     usedRunners: int = Field(description="Runners claimed by clients (lost ones not counted).")
+
+
+PrewarmReason = Literal["static", "forecast", "floor", "ceiling", "held"]
+PREWARM_REASONS: dict[str, PrewarmReason] = {
+    "forecast": "forecast",
+    "floor": "floor",
+    "ceiling": "ceiling",
+    "held": "held",
+}
+
+
+class PrewarmingForecast(BaseModel):
+    claimsPerSecond: float = Field(description="The demand rate the pool is sized for.")
+    component: Literal["steady", "seasonal", "panic"] = Field(
+        description="Which reading of the demand that rate is: the last 10 minutes (steady), "
+        "the same time of the last weeks (seasonal) or the last seconds (panic)."
+    )
+    steadyClaimsPerSecond: float
+    seasonalClaimsPerSecond: float
+    panicClaimsPerSecond: float
+    leadTimeSeconds: float = Field(description="How long a new runner takes to be ready.")
+    expectedClaims: float = Field(description="Claims expected during one lead time.")
+    safetyStock: float = Field(description="Runners kept beyond the expected claims.")
+
+
+class Prewarming(BaseModel):
+    id: int
+    policy: Literal["static", "adaptive"] = Field(description="NRC_PREWARM_POLICY.")
+    prewarmingPoolSize: int = Field(description="The floor: never fewer idle runners wanted.")
+    ceiling: int = Field(description="The most idle runners an adaptive pool keeps.")
+    target: int = Field(description="Idle runners (ready or starting) kept now.")
+    reason: PrewarmReason = Field(
+        description="Why the target is what it is (held: a higher target needed within "
+        "the last 10 minutes is kept)."
+    )
+    forecast: PrewarmingForecast | None = Field(
+        description="The demand behind an adaptive target; null when static or before "
+        "the environment's first pass."
+    )
 
 
 class Status(BaseModel):

@@ -329,6 +329,35 @@ class NomadClient:
         if reply.status >= 300:
             log.info("lock %r was no longer ours at release: %s", lock.path, reply.text.strip())
 
+    # -- variables -----------------------------------------------------------------
+
+    def get_variable(self, path: str) -> dict[str, str] | None:
+        reply = self._call(
+            "get_variable",
+            lambda: self._variable.request(
+                quote(path, safe="/"), method="get", params={"namespace": self.namespace}
+            ),
+            final=lambda s, _: "ok" if s == 404 else None,
+        )
+        if reply.status == 404:
+            return None
+        items = reply.body.get("Items") if isinstance(reply.body, dict) else None
+        if not isinstance(items, dict):
+            raise NomadAPIError(reply.status, f"variable answer without Items: {reply.text[:200]}")
+        return {str(k): str(v) for k, v in items.items()}
+
+    def put_variable(self, path: str, items: dict[str, str]) -> None:
+        body = {"Path": path, "Namespace": self.namespace, "Items": items}
+        self._call(
+            "put_variable",
+            lambda: self._variable.request(
+                quote(path, safe="/"),
+                method="put",
+                params={"namespace": self.namespace},
+                json=body,
+            ),
+        )
+
     def _lock_body(self, path: str, lock: JsonDict) -> JsonDict:
         return {"Path": path, "Namespace": self.namespace, "Lock": lock}
 

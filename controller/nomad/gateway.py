@@ -111,3 +111,11 @@ class NomadGateway(Protocol):
     def lock_release(self, lock: Lock) -> None:
         """Give the lock up; a lock that is no longer ours is not an error."""
         ...
+
+    def get_variable(self, path: str) -> dict[str, str] | None:
+        """The items of the variable at `path`, or None when it does not exist."""
+        ...
+
+    def put_variable(self, path: str, items: dict[str, str]) -> None:
+        """Create or overwrite the variable at `path` with these items (last writer wins)."""
+        ...

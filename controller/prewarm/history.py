@@ -20,10 +20,12 @@ for a month of a course. The other parts add at most 6 KB.
 
 Time is wall-clock nanoseconds, like the controller's clock. Buckets are
 keyed by absolute time, so the same phase of an earlier week is 2,016
-buckets back. The history never holds the future: a claim more than a
-minute earlier than the newest one recorded (the clock went back) discards
-what was recorded from its bucket on; a claim four weeks past the newest starts the
-buckets afresh.
+buckets back (`Timescale`: the bucket, the week and the peak window are
+parameters, real time by default, compressed in tests; a history's JSON
+names its bucket and is read back on the same timescale only). The
+history never holds the future: a claim more than a minute earlier than the
+newest one recorded (the clock went back) discards what was recorded from
+its bucket on; a claim four weeks past the newest starts the buckets afresh.
 """
 
 from __future__ import annotations
@@ -58,6 +60,32 @@ FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
+class Timescale:
+    """The grain and the season of a history. The defaults are the real ones;
+    a test compresses the week (and the bucket and peak window with it) to
+    see seasonality within seconds."""
+
+    bucket_ns: int = BUCKET_NS
+    week_ns: int = WEEK_NS  # a whole number of buckets
+    peak_window_ns: int = PEAK_WINDOW_NS
+
+    def __post_init__(self) -> None:
+        if self.bucket_ns <= 0 or self.week_ns % self.bucket_ns or self.peak_window_ns <= 0:
+            raise ValueError(f"a week must be a whole number of buckets: {self}")
+
+    @property
+    def buckets_per_week(self) -> int:
+        return self.week_ns // self.bucket_ns
+
+    @property
+    def max_buckets(self) -> int:
+        return HISTORY_WEEKS * self.buckets_per_week
+
+
+REAL_TIME = Timescale()
+
+
+@dataclass(frozen=True)
 class ClaimHistory:
     """Claims per bucket for buckets `end - len(counts)` … `end - 1`, and the
     timestamps of the recent ones (sorted)."""
@@ -66,6 +94,7 @@ class ClaimHistory:
     counts: tuple[int, ...] = ()
     peaks: tuple[int, ...] = ()  # most claims in any PEAK_WINDOW_NS ending in the bucket
     recent: tuple[int, ...] = ()  # ns, whole milliseconds, within RECENT_NS of the newest
+    scale: Timescale = REAL_TIME
 
     def bucket(self, index: int) -> tuple[int, int]:
         """(count, peak) of the bucket with this absolute index; (0, 0) when not held."""
@@ -94,37 +123,41 @@ def record(history: ClaimHistory, t: int) -> ClaimHistory:
     newest = history.newest
     if newest is not None and t < newest - CLOCK_TOLERANCE_NS:
         history = _forget_after(history, t)
-    index = t // BUCKET_NS
+    scale = history.scale
+    max_buckets = scale.max_buckets
+    index = t // scale.bucket_ns
     counts, peaks, end = list(history.counts), list(history.peaks), history.end
-    if not counts or index >= end + MAX_BUCKETS:
+    if not counts or index >= end + max_buckets:
         counts, peaks, end = [], [], index
     if index >= end:
         grow = index - end + 1
         counts += [0] * grow
         peaks += [0] * grow
         end = index + 1
-        del counts[:-MAX_BUCKETS], peaks[:-MAX_BUCKETS]
+        del counts[:-max_buckets], peaks[:-max_buckets]
     recent = list(history.recent)
     bisect.insort(recent, t)
     horizon = recent[-1] - RECENT_NS
     recent = recent[bisect.bisect_right(recent, horizon) :][-MAX_RECENT:]
     pos = len(counts) - (end - index)
     if pos >= 0:  # older than every bucket held: only the recent window counts it
-        in_minute = bisect.bisect_right(recent, t) - bisect.bisect_right(recent, t - PEAK_WINDOW_NS)
+        in_peak_window = bisect.bisect_right(recent, t) - bisect.bisect_right(
+            recent, t - scale.peak_window_ns
+        )
         counts[pos] = min(counts[pos] + 1, MAX_COUNT)
-        peaks[pos] = min(max(peaks[pos], in_minute), MAX_COUNT)
-    return ClaimHistory(end, tuple(counts), tuple(peaks), tuple(recent))
+        peaks[pos] = min(max(peaks[pos], in_peak_window), MAX_COUNT)
+    return ClaimHistory(end, tuple(counts), tuple(peaks), tuple(recent), scale)
 
 
 def _forget_after(history: ClaimHistory, t: int) -> ClaimHistory:
     """The history as it was at `t`: the clock went back, so what was recorded
     later belongs to a clock we no longer believe."""
-    keep_end = min(history.end, t // BUCKET_NS)
+    keep_end = min(history.end, t // history.scale.bucket_ns)
     drop = history.end - keep_end
     counts = history.counts[: len(history.counts) - drop] if drop else history.counts
     peaks = history.peaks[: len(history.peaks) - drop] if drop else history.peaks
     recent = history.recent[: bisect.bisect_right(history.recent, t)]
-    return ClaimHistory(keep_end if counts else 0, counts, peaks, recent)
+    return ClaimHistory(keep_end if counts else 0, counts, peaks, recent, history.scale)
 
 
 @dataclass(frozen=True)
@@ -174,7 +207,7 @@ def to_json(history: History) -> str:
     recent_ms = [t // MILLISECOND for t in claims.recent]
     body: dict[str, Any] = {
         "v": FORMAT_VERSION,
-        "bucket_s": BUCKET_NS // SECOND,
+        "bucket_s": _bucket_s(claims.scale),
         "end": claims.end,
         "buckets": base64.b64encode(zlib.compress(values.tobytes(), 9)).decode("ascii"),
         # the first timestamp, then the gaps: a few digits each
@@ -185,19 +218,25 @@ def to_json(history: History) -> str:
     return json.dumps(body, separators=(",", ":"))
 
 
-def from_json(text: str) -> History:
-    """The history `to_json` wrote; ValueError for anything else (the caller
-    then starts from an empty history: the floor still holds)."""
+def _bucket_s(scale: Timescale) -> int | float:
+    whole, part = divmod(scale.bucket_ns, SECOND)
+    return whole if not part else scale.bucket_ns / SECOND
+
+
+def from_json(text: str, scale: Timescale = REAL_TIME) -> History:
+    """The history `to_json` wrote (on this timescale); ValueError for
+    anything else (the caller then starts from an empty history: the floor
+    still holds)."""
     try:
         body = json.loads(text)
-        if body["v"] != FORMAT_VERSION or body["bucket_s"] != BUCKET_NS // SECOND:
+        if body["v"] != FORMAT_VERSION or body["bucket_s"] != _bucket_s(scale):
             raise ValueError(f"unknown prewarm history format {body['v']}/{body['bucket_s']}")
         values = array("H")
         values.frombytes(zlib.decompress(base64.b64decode(body["buckets"], validate=True)))
         if sys.byteorder == "little":
             values.byteswap()
         half = len(values) // 2
-        if len(values) % 2 or half > MAX_BUCKETS:
+        if len(values) % 2 or half > scale.max_buckets:
             raise ValueError("prewarm history buckets are malformed")
         recent: list[int] = []
         for gap in body["recent_ms"]:
@@ -211,6 +250,7 @@ def from_json(text: str) -> History:
                 counts=tuple(values[:half]),
                 peaks=tuple(values[half:]),
                 recent=tuple(t * MILLISECOND for t in recent[-MAX_RECENT:]),
+                scale=scale,
             ),
             startups=StartupLatencies(tuple(int(v) for v in body["startups_ms"][-MAX_STARTUPS:])),
             hold=Hold(target, needed_at),

@@ -33,10 +33,7 @@ from statistics import NormalDist
 
 from controller.model import SECOND
 from controller.prewarm.history import (
-    BUCKET_NS,
-    BUCKETS_PER_WEEK,
     HISTORY_WEEKS,
-    PEAK_WINDOW_NS,
     RECENT_NS,
     ClaimHistory,
     Hold,
@@ -148,20 +145,21 @@ def steady_rate(claims: ClaimHistory, now: int, window: int) -> float:
     count = claims.count_between(now - window, now)
     if claims.truncated and claims.recent[0] > now - window:
         # More claims than are kept: the kept ones span less than the window.
-        window = max(now - claims.recent[0], PEAK_WINDOW_NS)
+        window = max(now - claims.recent[0], claims.scale.peak_window_ns)
     return count / (window / SECOND)
 
 
 def seasonal_rate(claims: ClaimHistory, now: int, ahead: int, weeks: int) -> float:
     """The busiest minute, in claims per second, at the phase from now to
     `ahead` later in any of the last `weeks` weeks."""
-    first, last = now // BUCKET_NS, (now + ahead) // BUCKET_NS
+    scale = claims.scale
+    first, last = now // scale.bucket_ns, (now + ahead) // scale.bucket_ns
     peak = 0
     for week in range(1, weeks + 1):
-        back = week * BUCKETS_PER_WEEK
+        back = week * scale.buckets_per_week
         for index in range(first - back, last - back + 1):
             peak = max(peak, claims.bucket(index)[1])
-    return peak / (PEAK_WINDOW_NS / SECOND)
+    return peak / (scale.peak_window_ns / SECOND)
 
 
 def base_stock(expected: float, miss_probability: float) -> int:
@@ -254,5 +252,6 @@ def _wake_at(inp: PolicyInput, forecast: Forecast, hold: Hold) -> int | None:
     if inp.claims.counts and p.season_weeks:
         # The look-ahead reaches its next bucket: a recurring burst may come into view.
         ahead = forecast.lead_time_ns + p.prewarm_horizon_ns
-        wakes.append(((inp.now + ahead) // BUCKET_NS + 1) * BUCKET_NS - ahead)
+        bucket = inp.claims.scale.bucket_ns
+        wakes.append(((inp.now + ahead) // bucket + 1) * bucket - ahead)
     return min((w for w in wakes if w > inp.now), default=None)

@@ -100,6 +100,7 @@ class Claims:
         metrics: Metrics,
         can_serve: Callable[[], bool],
         on_change: Callable[[int], None],
+        on_claim: Callable[[int], None] = lambda env_id: None,
     ) -> None:
         self._gateway = gateway
         self._observer = observer
@@ -110,6 +111,7 @@ class Claims:
         self._metrics = metrics
         self._can_serve = can_serve
         self._on_change = on_change
+        self._on_claim = on_claim  # the demand an adaptive pool is sized from
         self._lock = threading.Lock()
         self._activity: dict[str, int] = {}
         # Claims whose release for inactivity is decided: final, touches refused.
@@ -152,9 +154,11 @@ class Claims:
             if view is not None:
                 self._metrics.claims.labels("claimed").inc()
                 self._metrics.claim_seconds.observe(self._clock.monotonic() - started)
+                self._on_claim(env_id)
                 self._on_change(env_id)
                 return view
         self._metrics.claims.labels("empty").inc()
+        self._metrics.prewarm_misses.labels(str(env_id)).inc()
         self._on_change(env_id)
         raise NoRunnerAvailable(env_id)
 

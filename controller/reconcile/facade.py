@@ -11,18 +11,32 @@ the snapshot at once and wake a pass over the environment.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 from controller.clock import Clock
 from controller.metrics import Metrics
 from controller.model import Environment, LossReason, RunnerView
 from controller.nomad import jobs
 from controller.nomad.gateway import NomadGateway
+from controller.prewarm.policy import Decision, ceiling_for
 from controller.reconcile.claims import Claims, NotLeader
 from controller.reconcile.observe import Observer
 from controller.reconcile.plan import PoolCounts, count_pool
+from controller.reconcile.prewarming import Prewarmer
 from controller.reconcile.reconciler import PoolReconciler
 from controller.reconcile.snapshot import Snapshot
 from controller.reconcile.writes import SpecWriter
+
+
+@dataclass(frozen=True)
+class Prewarming:
+    """How large an environment's pool is kept, and why."""
+
+    adaptive: bool
+    floor: int  # prewarmingPoolSize
+    ceiling: int  # the floor when static
+    target: int  # the pool kept now (the floor when static or before the first pass)
+    decision: Decision | None  # adaptive, once a pass decided
 
 
 class Pools:
@@ -39,6 +53,7 @@ class Pools:
         is_leader: Callable[[], bool],
         ready: Callable[[], bool],
         enqueue: Callable[[int], None],
+        prewarmer: Prewarmer | None = None,
     ) -> None:
         self._gateway = gateway
         self._observer = observer
@@ -50,6 +65,7 @@ class Pools:
         self.is_leader = is_leader
         self.ready = ready  # serving: leading and Nomad observed since
         self._enqueue = enqueue
+        self._prewarmer = prewarmer  # None: static pools
 
     # -- Nomad, as observed ------------------------------------------------------
 
@@ -92,6 +108,27 @@ class Pools:
 
     def degraded(self, env_id: int) -> bool:
         return self._reconciler.degraded(env_id)
+
+    def prewarming(self, env_id: int) -> Prewarming | None:
+        """The environment's pool size and the forecast behind it; None when
+        the environment does not exist."""
+        env = self.environment(env_id)
+        if env is None:
+            return None
+        floor = env.prewarming_pool_size
+        if self._prewarmer is None:
+            return Prewarming(
+                adaptive=False, floor=floor, ceiling=floor, target=floor, decision=None
+            )
+        s = self._prewarmer.settings
+        decision = self._prewarmer.decision(env_id)
+        return Prewarming(
+            adaptive=True,
+            floor=floor,
+            ceiling=ceiling_for(floor, s.ceiling_multiple, s.ceiling_cap),
+            target=decision.target if decision is not None else floor,
+            decision=decision,
+        )
 
     def put_environment(self, env: Environment) -> bool:
         """Create or replace an environment's template; True when it is new.

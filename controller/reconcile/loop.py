@@ -31,6 +31,7 @@ from controller.reconcile.facade import Pools
 from controller.reconcile.leader import LeaderElector
 from controller.reconcile.observe import Observer
 from controller.reconcile.plan import PlanSettings
+from controller.reconcile.prewarming import Prewarmer, PrewarmSettings
 from controller.reconcile.queue import WorkQueue
 from controller.reconcile.ratelimit import TokenBucket
 from controller.reconcile.reconciler import PoolReconciler
@@ -66,6 +67,7 @@ class ControllerSettings:
     leader_lock_path: str = "nomad-runner-controller/leader"
     leader_ttl_s: float = 15.0
     plan: PlanSettings = field(default_factory=PlanSettings)
+    prewarm: PrewarmSettings = field(default_factory=PrewarmSettings)
 
 
 class Controller:
@@ -102,6 +104,10 @@ class Controller:
                 ttl_s=s.leader_ttl_s,
                 on_change=self._on_leader_change,
             )
+        # Static pools (the default) keep no history: nothing of it runs.
+        self.prewarmer: Prewarmer | None = None
+        if s.prewarm.adaptive:
+            self.prewarmer = Prewarmer(settings=s.prewarm, store=gateway, clock=self.clock)
         self.claims = Claims(
             gateway=gateway,
             observer=self.observer,
@@ -112,6 +118,7 @@ class Controller:
             metrics=self.metrics,
             can_serve=self.ready,
             on_change=self.enqueue,
+            on_claim=self.prewarmer.record_claim if self.prewarmer else lambda env_id: None,
         )
         burst = max(1, int(s.write_rate_per_s)) if s.write_rate_per_s > 0 else 1
         self.actor = Actor(
@@ -134,6 +141,7 @@ class Controller:
             metrics=self.metrics,
             settings=s.plan,
             is_leader=self.is_leader,
+            prewarmer=self.prewarmer,
         )
         self.worker: Worker[int] = Worker(
             reconciler=self.reconciler,
@@ -156,6 +164,7 @@ class Controller:
             is_leader=self.is_leader,
             ready=self.ready,
             enqueue=self.enqueue,
+            prewarmer=self.prewarmer,
         )
         self._stream_factory = stream_factory
         self._stream: EventSource | None = None
@@ -195,6 +204,8 @@ class Controller:
         for thread in self._threads:
             thread.join(5)
         self.actor.shutdown()
+        if self.prewarmer is not None and self.is_leader():
+            self.prewarmer.save_all()  # before the lock is handed over
         if self.elector is not None:
             self.elector.stop()
 
@@ -212,6 +223,9 @@ class Controller:
     def _on_leader_change(self, leader: bool) -> None:
         self.metrics.leader.labels(CONTROLLER).set(1 if leader else 0)
         self._leader_since = self.clock.monotonic() if leader else float("inf")
+        if self.prewarmer is not None:
+            # A new term reads the histories the last leader wrote.
+            self.prewarmer.unload()
         if leader:
             self._resync_now.set()
         else:

@@ -106,6 +106,9 @@ class PlanInput:
     orphan_since: int | None = None
     budget: Budget = Budget()
     settings: PlanSettings = PlanSettings()
+    # The adaptive pool size in place of env.prewarming_pool_size; None: static.
+    # An adaptive surplus deletes ready idle runners only (see `plan`).
+    pool_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -233,10 +236,13 @@ def plan(inp: PlanInput) -> Plan:
         idle_starting=sum(1 for v in pool if v.phase is not Phase.READY),
     )
     have = len(pool) + inp.creating
-    want = env.prewarming_pool_size
+    adaptive = inp.pool_size is not None
+    want = env.prewarming_pool_size if inp.pool_size is None else inp.pool_size
     if have > want:
-        # Starting runners go first (newest first): they serve nobody yet;
-        # then the oldest ready ones.
+        # Static: starting runners go first (newest first), they serve nobody
+        # yet; then the oldest ready ones. Adaptive: a lowered target is a
+        # forecast that may turn within the hold, and a starting runner is a
+        # job already paid for, so only the oldest ready ones go.
         starting = sorted(
             (v for v in pool if v.phase is not Phase.READY and v.known),
             key=lambda v: v.job.create_index,
@@ -245,7 +251,7 @@ def plan(inp: PlanInput) -> Plan:
         ready = sorted(
             (v for v in pool if v.phase is Phase.READY), key=lambda v: v.job.create_index
         )
-        surplus = (starting + ready)[: have - want]
+        surplus = (ready if adaptive else starting + ready)[: have - want]
         actions += [DeleteRunner(v.id, DeleteReason.SURPLUS) for v in surplus]
     elif have < want:
         if inp.now >= budget.retry_at:

@@ -19,6 +19,7 @@ from controller.metrics import Metrics
 from controller.model import SECOND, Phase, RunnerView, Template
 from controller.reconcile.expectations import Pending
 from controller.reconcile.plan import Action, Budget, PlanInput, PlanSettings, PoolCounts, plan
+from controller.reconcile.prewarming import Prewarmer
 from controller.reconcile.snapshot import Snapshot
 from controller.reconcile.worker import Result
 
@@ -55,6 +56,7 @@ class PoolReconciler:
         metrics: Metrics,
         settings: PlanSettings,
         is_leader: Callable[[], bool],
+        prewarmer: Prewarmer | None = None,
     ) -> None:
         self._observer = observer
         self._claims = claims
@@ -63,12 +65,14 @@ class PoolReconciler:
         self._metrics = metrics
         self._settings = settings
         self._is_leader = is_leader
+        self._prewarmer = prewarmer  # None: static pools (prewarmingPoolSize)
         self._lock = threading.Lock()  # guards the per-environment state below
         self._budgets: dict[int, Budget] = {}
         self._degraded: set[int] = set()
         self._orphan_since: dict[int, int] = {}
         self._seen_ready: set[str] = set()  # allocations whose start-up time is recorded
         self._gauged: set[int] = set()  # environments with pool gauges
+        self._idle_since: dict[int, tuple[int, int]] = {}  # env → (ns, idle runners) at last pass
         self.passes = 0
 
     def reconcile(self, env_id: int) -> Result:
@@ -90,6 +94,9 @@ class PoolReconciler:
                 self._orphan_since.pop(env_id, None)
                 orphan_since = None
             budget = self._budgets.get(env_id, Budget())
+        decision = None
+        if template is not None and self._prewarmer is not None:
+            decision = self._prewarmer.decide(env_id, template.env.prewarming_pool_size)
         result = plan(
             PlanInput(
                 env_id=env_id,
@@ -103,14 +110,20 @@ class PoolReconciler:
                 orphan_since=orphan_since,
                 budget=budget,
                 settings=self._settings,
+                pool_size=decision.target if decision is not None else None,
             )
         )
         with self._lock:
             self._budgets[env_id] = result.budget
         self._record(env_id, snap, views, result.counts, template is not None, result.degraded)
+        if decision is not None and env_id in self.gauged():
+            label = str(env_id)
+            self._metrics.prewarm_target.labels(label).set(decision.target)
+            self._metrics.prewarm_forecast.labels(label).set(decision.forecast.rate)
         if template is not None and pending.creating:
             pool = result.counts.idle_ready + result.counts.idle_starting
-            held_back = min(pending.creating, template.env.prewarming_pool_size - pool)
+            wanted = decision.target if decision else template.env.prewarming_pool_size
+            held_back = min(pending.creating, wanted - pool)
             if held_back > 0:
                 # Without the expectation this pass would have created these again.
                 self._metrics.guard_hits.labels("expectation").inc(held_back)
@@ -118,7 +131,10 @@ class PoolReconciler:
         cost = self._clock.monotonic() - started
         failed = self._actor.execute(env_id, result.actions, template) if result.actions else 0
         self.passes += 1
-        requeue = None if result.wake_at is None else (result.wake_at - now) / SECOND
+        # Plan's deadlines, and when the policy's target may change unprompted.
+        policy_wake = decision.wake_at if decision is not None else None
+        wakes = [w for w in (result.wake_at, policy_wake) if w is not None]
+        requeue = (min(wakes) - now) / SECOND if wakes else None
         return Result(requeue_after_s=requeue, failed_writes=failed, cost_s=cost)
 
     def orphaned_now(self, env_id: int) -> None:
@@ -142,6 +158,7 @@ class PoolReconciler:
         follower's would be frozen at the moment it lost the lock."""
         with self._lock:
             gauged, self._gauged = set(self._gauged), set()
+            self._idle_since.clear()  # a follower's time is nobody's cost
         for env_id in gauged:
             self._metrics.drop_environment(env_id)
 
@@ -165,6 +182,7 @@ class PoolReconciler:
             with self._lock:
                 was_gauged = env_id in self._gauged
                 self._gauged.discard(env_id)
+                self._idle_since.pop(env_id, None)
             if was_gauged:
                 m.drop_environment(env_id)
             return
@@ -174,6 +192,14 @@ class PoolReconciler:
         if new:
             m.init_environment(env_id)
         label = str(env_id)
+        now = self._clock.now_ns()
+        idle = counts.idle_ready + counts.idle_starting
+        with self._lock:
+            since, was_idle = self._idle_since.get(env_id, (now, 0))
+            self._idle_since[env_id] = (now, idle)
+        if now > since:
+            # What the pool cost since the last pass, at the count seen then.
+            m.idle_runner_seconds.labels(label).inc(was_idle * (now - since) / SECOND)
         m.runners.labels(label, "idle").set(counts.idle_ready)
         m.runners.labels(label, "starting").set(counts.idle_starting)
         m.runners.labels(label, "claimed").set(counts.claimed)
@@ -191,6 +217,8 @@ class PoolReconciler:
                     self._seen_ready.add(v.alloc.id)
                     if v.startup_ns is not None:
                         m.runner_startup_seconds.observe(v.startup_ns / SECOND)
+                        if self._prewarmer is not None:
+                            self._prewarmer.record_startup(env_id, v.startup_ns)
             if len(self._seen_ready) > 4 * max(1, len(snap.runners)) + 1000:
                 live = {a.id for allocs in snap.allocs.values() for a in allocs}
                 self._seen_ready &= live

@@ -31,6 +31,11 @@ namespace "runners" {
     path "nomad-runner-controller/leader" {
       capabilities = ["read", "write"]
     }
+    # Adaptive prewarming (NRC_PREWARM_POLICY=adaptive): one variable per
+    # environment holds its claim history across restarts.
+    path "nomad-runner-controller/prewarm/*" {
+      capabilities = ["read", "write"]
+    }
   }
 }
 

@@ -8,6 +8,7 @@ import pytest
 
 from controller.model import Environment
 from controller.nomad import jobs
+from controller.reconcile.prewarming import PrewarmSettings
 from tests.helpers import Http, wait_until
 from tests.support.api_client import API, Api, MakeApi, dumps, environment_body, error_of
 
@@ -196,3 +197,37 @@ def test_invalid_ids_and_parameters_are_400(api: Api, method: str, path: str) ->
     status, message, _ = error_of(api.client.request(method, path, content=body))
     assert status == 400
     assert "executionEnvironmentId" in message or "fetch" in message
+
+
+def test_prewarming_of_a_static_pool_is_its_size(api: Api, env_id: int) -> None:
+    api.put_environment(env_id, prewarmingPoolSize=2)
+    r = api.client.get(f"{url(env_id)}/prewarming")
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "id": env_id,
+        "policy": "static",
+        "prewarmingPoolSize": 2,
+        "ceiling": 2,
+        "target": 2,
+        "reason": "static",
+        "forecast": None,
+    }
+    assert error_of(api.client.get(f"{url(987654)}/prewarming"))[0] == 404
+
+
+def test_prewarming_of_an_adaptive_pool_shows_its_forecast(make_api: MakeApi) -> None:
+    api = make_api(events=False, prewarm=PrewarmSettings(adaptive=True, ceiling_multiple=3))
+    api.put_environment(4, prewarmingPoolSize=2)
+    api.wait_pool(4, 2)
+
+    def decided() -> dict[str, Any]:
+        body: dict[str, Any] = api.client.get(f"{url(4)}/prewarming").json()
+        return body if body["forecast"] is not None else {}
+
+    body = wait_until(decided, timeout=10)
+    assert (body["policy"], body["prewarmingPoolSize"], body["ceiling"]) == ("adaptive", 2, 6)
+    assert body["target"] == 2 and body["reason"] == "floor"  # no claims yet
+    assert body["forecast"]["claimsPerSecond"] == 0
+    assert body["forecast"]["leadTimeSeconds"] > 0
+    stats = api.client.get(f"{API}/statistics/execution-environments").json()
+    assert stats["4"]["prewarmingPoolSize"] == 2  # unchanged: the floor

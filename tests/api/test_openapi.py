@@ -34,6 +34,7 @@ def test_every_route_is_described(api: Api) -> None:
         ("GET", "/api/v1/execution-environments/{executionEnvironmentId}"),
         ("PUT", "/api/v1/execution-environments/{executionEnvironmentId}"),
         ("DELETE", "/api/v1/execution-environments/{executionEnvironmentId}"),
+        ("GET", "/api/v1/execution-environments/{executionEnvironmentId}/prewarming"),
         ("GET", "/api/v1/statistics/execution-environments"),
         ("GET", "/api/v1/health"),
         ("GET", "/api/v1/version"),

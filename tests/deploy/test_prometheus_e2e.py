@@ -36,6 +36,9 @@ JOB = "nomad-runner-controller"  # the shipped scrape job
 # Selectors that a healthy dev controller may rightly leave empty.
 MAY_BE_EMPTY = {
     'nrc_nomad_requests_total{status!~"2.."}',  # every Nomad request succeeded
+    # the controller here runs the default static policy: no adaptive target
+    'nrc_prewarm_target_runners{environment=~".*"}',
+    'nrc_prewarm_forecast_claims_per_second{environment=~".*"}',
 }
 
 

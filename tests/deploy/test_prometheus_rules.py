@@ -70,6 +70,7 @@ def test_the_issue_asks_for_these_alerts() -> None:
         "RunnerEventStreamDisconnected",
         "RunnerControllerNoLeader",
         "ClaimedRunnerLossRateHigh",
+        "RunnerWarmPoolMisses",
         "RunnerInvariantViolated",
         "RunnerControllerDown",
     ]

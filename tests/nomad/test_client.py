@@ -464,3 +464,22 @@ def test_token_region_and_tls_settings_reach_the_wire(
     assert sent[0]["headers"]["X-Nomad-Token"] == "t0ken"
     assert sent[0]["verify"] is False
     assert sent[0]["url"].endswith("/v1/job/nothing")
+
+
+def test_variable_put_get_overwrite_and_missing(shared: SimServer, ns: str) -> None:
+    client, recorder = make_client(shared.address, namespace=ns)
+    assert client.get_variable("nomad-runner-controller/prewarm/7") is None
+    assert recorder.outcomes("get_variable") == ["ok"]  # a missing variable is an answer
+    client.put_variable("nomad-runner-controller/prewarm/7", {"history": "{}"})
+    assert client.get_variable("nomad-runner-controller/prewarm/7") == {"history": "{}"}
+    client.put_variable("nomad-runner-controller/prewarm/7", {"history": '{"v":1}'})
+    assert client.get_variable("nomad-runner-controller/prewarm/7") == {"history": '{"v":1}'}
+    other, _ = make_client(shared.address, namespace=ns + "-other")
+    assert other.get_variable("nomad-runner-controller/prewarm/7") is None
+
+
+def test_a_variable_beside_a_held_lock_is_writable(shared: SimServer, ns: str) -> None:
+    client, _ = make_client(shared.address, namespace=ns)
+    client.lock_acquire("nrc/leader", ttl_s=15, lock_delay_s=15)
+    client.put_variable("nrc/prewarm/1", {"history": "x"})
+    assert client.get_variable("nrc/prewarm/1") == {"history": "x"}

@@ -24,6 +24,7 @@ from controller.prewarm.history import (
     History,
     Hold,
     StartupLatencies,
+    Timescale,
     from_json,
     record,
     record_startup,
@@ -215,3 +216,18 @@ def test_a_month_of_a_course_is_a_few_kilobytes():
 def test_anything_else_is_refused(name: str, text: str):
     with pytest.raises(ValueError, match="prewarm history"):
         from_json(text)
+
+
+def test_a_compressed_timescale_buckets_and_round_trips_on_its_own_scale() -> None:
+    scale = Timescale(bucket_ns=SECOND // 2, week_ns=20 * SECOND, peak_window_ns=SECOND)
+    assert (scale.buckets_per_week, scale.max_buckets) == (40, 160)
+    history = ClaimHistory(scale=scale)
+    for k in range(3):
+        history = record(history, T0 + k * SECOND // 10)
+    assert history.bucket(T0 // scale.bucket_ns) == (3, 3)
+    text = to_json(History(claims=history))
+    assert from_json(text, scale).claims == history
+    with pytest.raises(ValueError, match="format"):
+        from_json(text)  # not on the real timescale
+    with pytest.raises(ValueError, match="whole number"):
+        Timescale(bucket_ns=3 * SECOND, week_ns=10 * SECOND)

@@ -18,6 +18,7 @@ from controller.prewarm.history import (
     History,
     Hold,
     StartupLatencies,
+    Timescale,
     from_json,
     record,
     record_startup,
@@ -349,3 +350,26 @@ def test_any_history_and_any_clock_give_a_target_within_bounds(
     assert decision.hold.target == decision.target
     assert decision.hold.needed_at <= NOW + now
     assert decision.wake_at is None or decision.wake_at > NOW + now
+
+
+def test_a_compressed_week_pre_warms_the_same_phase_of_the_next_one():
+    scale = Timescale(bucket_ns=SECOND, week_ns=30 * SECOND, peak_window_ns=2 * SECOND)
+    params = PolicyParams(
+        default_lead_ns=SECOND,
+        stable_window_ns=3 * SECOND,
+        prewarm_horizon_ns=3 * SECOND,
+        hold_ns=2 * SECOND,
+    )
+    burst = NOW - NOW % (30 * SECOND)  # phase 0 of a compressed week
+    claims = ClaimHistory(scale=scale)
+    for k in range(8):
+        claims = record(claims, burst + k * SECOND // 10)
+
+    def at(now: int) -> Decision:
+        return target(
+            PolicyInput(claims, StartupLatencies(), now, floor=4, ceiling=40, params=params)
+        )
+
+    assert at(burst + 15 * SECOND).target == 4  # mid-week: the floor
+    ahead = at(burst + 28 * SECOND)  # the burst's phase comes into the look-ahead
+    assert ahead.forecast.component is Component.SEASONAL and ahead.target >= 8

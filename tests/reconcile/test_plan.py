@@ -279,3 +279,67 @@ def test_a_claimed_runner_is_never_deleted_for_an_idle_only_reason() -> None:
         for action in out.actions:
             if isinstance(action, DeleteRunner):
                 assert action.reason not in IDLE_ONLY_REASONS, action
+
+
+def _claimed(n: int) -> RunnerView:
+    return view(n, claim=Claim(claimed_at=T0, timeout=0))
+
+
+# name, runners, creating, pool_size, expected creations, expected surplus deletions
+POOL_SIZE_CASES: list[tuple[str, list[RunnerView], int, int | None, int, set[str]]] = [
+    ("static: prewarmingPoolSize", [view(1)], 0, None, 2, set()),
+    ("adaptive above the floor fills to the target", [view(1)], 0, 8, 7, set()),
+    ("adaptive counts what is being created", [view(1)], 4, 8, 3, set()),
+    ("adaptive at the floor is the floor", [view(1), view(2), view(3)], 0, 3, 0, set()),
+    ("adaptive claimed runners are not the pool", [_claimed(1), view(2)], 0, 3, 2, set()),
+    (
+        "adaptive surplus: oldest ready only, never starting",
+        [view(1), view(2), view(3, Phase.STARTING), view(4, Phase.STARTING), view(5)],
+        0,
+        3,
+        0,
+        {"7-1", "7-2"},
+    ),
+    (
+        "adaptive surplus of starting runners only: none deleted",
+        [view(1), view(2, Phase.STARTING), view(3, Phase.STARTING), view(4, Phase.STARTING)],
+        0,
+        3,
+        0,
+        {"7-1"},
+    ),
+    (
+        "adaptive surplus never touches a claimed runner",
+        [_claimed(1), view(2), view(3), view(4), view(5)],
+        0,
+        3,
+        0,
+        {"7-2"},
+    ),
+    (
+        "static surplus still deletes starting first",
+        [view(1), view(2), view(3, Phase.STARTING), view(4, Phase.STARTING), view(5)],
+        0,
+        None,
+        0,
+        {"7-3", "7-4"},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "runners", "creating", "pool_size", "created", "surplus"),
+    POOL_SIZE_CASES,
+    ids=[c[0] for c in POOL_SIZE_CASES],
+)
+def test_pool_size(
+    name: str,
+    runners: list[RunnerView],
+    creating: int,
+    pool_size: int | None,
+    created: int,
+    surplus: set[str],
+) -> None:
+    result = run(runners, creating=creating, pool_size=pool_size)
+    assert creates(result) == created
+    assert deletes(result) == {(r, DeleteReason.SURPLUS) for r in surplus}

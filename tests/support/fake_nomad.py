@@ -187,6 +187,8 @@ class FakeNomad:
         self.conflicts: list[str] = []  # job ids of registers refused by EnforceIndex
         self.reads: list[str] = []  # "get_job <id>", "list_jobs", ... in call order
         self.lock_calls: list[tuple[str, object]] = []  # ("acquire", (path, ttl, delay)), ...
+        self.variables: dict[str, dict[str, str]] = {}  # path → items
+        self.variable_writes: list[str] = []  # paths, in call order
 
         # -- what tests set
         # Called before a register is applied; may raise (e.g. IndexConflict) to refuse it.
@@ -395,6 +397,16 @@ class FakeNomad:
         self._lock_call("release", lock)
         self.locks.release(lock)
         self._lock_answered()
+
+    # -- NomadGateway: variables -------------------------------------------------------------
+
+    def get_variable(self, path: str) -> dict[str, str] | None:
+        items = self.variables.get(path)
+        return dict(items) if items is not None else None
+
+    def put_variable(self, path: str, items: dict[str, str]) -> None:
+        self.variable_writes.append(path)
+        self.variables[path] = dict(items)
 
     # -- inside ------------------------------------------------------------------------------
 
