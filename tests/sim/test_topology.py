@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import base64
 import json
+import shlex
+import signal
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +29,8 @@ from nomadsim.errors import NomadError, Origin
 from nomadsim.forwarding import Answer, answer
 from nomadsim.topology import Agent, Hop, Kind, Role, cluster, hop
 from tests.helpers import EventReader, Http, runner_job, wait_until
+from tests.support.ports import free_port
+from tests.support.processes import ChildProcess, python_module
 from tests.support.sim import PRODUCTION
 
 CONFLICT = "Enforcing job modify index 1: job exists with conflicting job modify index: 2"
@@ -506,3 +512,59 @@ def test_event_streams_through_an_agent_hold_streaming_rpc_connections(
             reader.close()
     wait_until(lambda: connections(server)["RPC"]["server-1"]["Streams"]["Current"] == 0)
     assert connections(server)["RPC"]["server-1"]["Streams"]["Peak"] == 6
+
+
+# -- the `sim` command's banner ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("entry", "server"), [("client", "false"), ("leader", "true")])
+def test_sim_prints_every_setting_run_needs_ready_to_paste(entry: str, server: str) -> None:
+    port = free_port()
+    sim = ChildProcess(
+        python_module("controller", "sim", "--port", str(port), "--nodes", "2", "--entry", entry)
+    )
+    try:
+        wrapper = sim.wait_for(r"^export NRC_EXEC_UNPRIVILEGED_WRAPPER=(.+)$").group(1)
+        nomad_addr = sim.wait_for(r"^export NOMAD_ADDR=(\S+)$").group(1)
+        assert nomad_addr == f"http://127.0.0.1:{port}"
+        me = requests.get(f"{nomad_addr}/v1/agent/self", timeout=5).json()
+        assert me["stats"]["nomad"]["server"] == server
+        # Pasted into a shell, the wrapper runs a command as the stand-in does.
+        (value,) = shlex.split(wrapper)
+        *setuser, user = shlex.split(value)
+        assert user == "user" and setuser[0].endswith("/bin/setuser")
+        ran = subprocess.run(
+            [*setuser, user, "echo", "as-user"], capture_output=True, text=True, timeout=10
+        )
+        assert ran.stdout == "as-user\n", ran.stderr
+        # Every agent is listed with its role and address.
+        banner = sim.output()
+        for role in ("leader", "follower", "client"):
+            assert f" {role} " in banner
+        assert banner.count("http://127.0.0.1:") == 2 + 3 + 1  # agents, servers, NOMAD_ADDR
+        assert sim.stop(signal.SIGTERM, timeout=15) == 0
+    finally:
+        sim.kill()
+    assert "Traceback" not in sim.output()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--rpc-max-conns-per-client", "25"], "must be 0 or more than 25"),
+        (["--http-max-conns-per-client", "-1"], "must not be negative"),
+        (["--entry", "nowhere"], "invalid choice"),
+        (["--servers", "0"], "must be at least 1"),
+        (["--servers", "1", "--entry", "follower"], "needs at least two servers"),
+    ],
+)
+def test_bad_topology_arguments_exit_2_with_a_message(args: list[str], needle: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "controller", "sim", "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, result.stdout
+    assert needle in result.stderr
+    assert "Traceback" not in result.stderr
