@@ -128,8 +128,10 @@ class SimServer:
         except OSError:
             self._close_sockets()
             raise
+        # The app, for a harness to add routes to before it starts (bench).
+        self.app = create_app(self.sim)
         uv_config = uvicorn.Config(
-            create_app(self.sim),
+            self.app,
             host=host,
             port=port,
             http=limited_http(frontends.http),
