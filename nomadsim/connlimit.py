@@ -117,6 +117,8 @@ class HttpLimits:
     """The HTTP limit of every listener, keyed by the listener's local port."""
 
     def __init__(self, limit: int) -> None:
+        if limit < 0:
+            raise ValueError(f"http_max_conns_per_client must not be negative; found: {limit}")
         self.limit = limit
         self.gauges: dict[int, Gauge] = {}
         self._answers = TokenBucket(10, 100)

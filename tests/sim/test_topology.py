@@ -296,6 +296,8 @@ def test_a_follower_entry_needs_a_second_server() -> None:
 def test_an_rpc_limit_nomad_refuses_is_refused() -> None:
     with pytest.raises(ValueError, match="must be > 25; found: 10"):
         SimServer(SimConfig(rpc_max_conns_per_client=10))
+    with pytest.raises(ValueError, match="must not be negative; found: -1"):
+        SimServer(SimConfig(http_max_conns_per_client=-1))
 
 
 def test_an_enforce_index_conflict_is_wrapped_per_pool_hop(topology: SimServer) -> None:
