@@ -570,3 +570,18 @@ def test_bad_topology_arguments_exit_2_with_a_message(args: list[str], needle: s
     assert result.returncode == 2, result.stdout
     assert needle in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_dev_takes_the_same_topology_flags() -> None:
+    from controller.cli import _topology, build_parser
+
+    args = build_parser().parse_args(
+        ["dev", "--servers", "2", "--entry", "follower", "--http-max-conns-per-client", "0"]
+    )
+    assert _topology(args) == {
+        "servers": 2,
+        "entry": "follower",
+        "http_max_conns_per_client": 0,
+        "rpc_max_conns_per_client": 100,
+    }
+    assert _topology(build_parser().parse_args(["dev"])) == PRODUCTION
