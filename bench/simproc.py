@@ -14,7 +14,7 @@ paying for it through HTTP (none of them is part of Nomad or of `/_sim`):
   new JobModifyIndex; the allocation is updated in place), `crash` makes each
   runner's task exit (it restarts in place).
 
-Prints `READY <address>` once it listens; SIGTERM stops it.
+Prints `READY <address>` (the entry's) once it listens; SIGTERM stops it.
 """
 
 from __future__ import annotations
@@ -23,18 +23,19 @@ import argparse
 import asyncio
 import json
 import random
+import signal
+import threading
 import uuid
 from typing import Any
 
-import uvicorn
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from controller.model import Environment
 from controller.nomad import jobs
-from nomadsim import SimConfig, Simulator
-from nomadsim.server import create_app
+from nomadsim import SimConfig, SimServer, Simulator
+from tests.support.sim import TOPOLOGY
 
 NAMESPACE = "default"
 
@@ -119,38 +120,29 @@ def bench_routes(sim: Simulator) -> list[Route]:
     ]
 
 
-class _Server(uvicorn.Server):
-    """Says READY once it listens."""
-
-    async def startup(self, sockets: Any = None) -> None:
-        await super().startup(sockets=sockets)
-        if self.started:
-            print(f"READY http://{self.config.host}:{self.config.port}", flush=True)
-
-
-async def serve(args: argparse.Namespace) -> None:
-    sim = Simulator(
+def serve(args: argparse.Namespace) -> None:
+    """Serve until SIGTERM or SIGINT, in the topology the tests use
+    (tests/support/sim.py `TOPOLOGY`: one switch for both)."""
+    server = SimServer(
         SimConfig(
             nodes=args.nodes,
             startup_delay_ms=args.startup_delay * 1000,
             stop_delay_ms=args.stop_delay * 1000,
             event_buffer_size=args.event_buffer,
-        )
+            **TOPOLOGY,
+        ),
+        port=args.port,
     )
-    app = create_app(sim)
-    app.router.routes.extend(bench_routes(sim))
-    server = _Server(
-        uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=args.port,
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=2,
-        )
-    )
-    await server.serve()
+    server.app.router.routes.extend(bench_routes(server.sim))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start(timeout=30)
+    try:
+        print(f"READY {server.address}", flush=True)
+        stop.wait()
+    finally:
+        server.stop()
 
 
 def main() -> None:
@@ -160,7 +152,7 @@ def main() -> None:
     parser.add_argument("--startup-delay", type=float, default=0.5)
     parser.add_argument("--stop-delay", type=float, default=0.2)
     parser.add_argument("--event-buffer", type=int, default=100)
-    asyncio.run(serve(parser.parse_args()))
+    serve(parser.parse_args())
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ def _bounded(
 
 
 _positive_int = _bounded(int, "an integer", 1)
+_count = _bounded(int, "an integer", 0)
 _seconds = _bounded(float, "seconds as a number", 0)
 _port = _bounded(int, "a port number", 0, 65535)
 
@@ -43,6 +44,58 @@ def _migration_ordering(text: str) -> str:
         choices = ", ".join(repr(o) for o in ORDERINGS)
         raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {choices})")
     return text
+
+
+def _rpc_limit(text: str) -> int:
+    """An argparse type: rpc_max_conns_per_client as Nomad accepts it (0, or
+    more than 25)."""
+    value: int = _count(text)
+    if 0 < value <= 25:
+        raise argparse.ArgumentTypeError(f"must be 0 or more than 25 (as Nomad's), got {value}")
+    return value
+
+
+def _topology_arguments(parser: argparse.ArgumentParser) -> None:
+    """The simulated cluster's shape and limits (`sim` and `dev`)."""
+    parser.add_argument(
+        "--servers",
+        type=_positive_int,
+        default=3,
+        help="Nomad servers; the first is the leader (default 3)",
+    )
+    parser.add_argument(
+        "--entry",
+        choices=("client", "leader", "follower"),
+        default="client",
+        help="the agent whose address is NOMAD_ADDR: a node's client agent (default), "
+        "the leader, or a follower",
+    )
+    parser.add_argument(
+        "--http-max-conns-per-client",
+        type=_count,
+        default=100,
+        metavar="N",
+        help="concurrent HTTP connections per client IP on each agent, beyond which Nomad "
+        "answers 429 (default 100, as Nomad's; 0 = unlimited)",
+    )
+    parser.add_argument(
+        "--rpc-max-conns-per-client",
+        type=_rpc_limit,
+        default=100,
+        metavar="N",
+        help="RPC connections per agent IP on each server; streaming ones (execs on other "
+        "nodes, event streams through an agent) get N-20 (default 100, as Nomad's; "
+        "0 = unlimited)",
+    )
+
+
+def _topology(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "servers": args.servers,
+        "entry": args.entry,
+        "http_max_conns_per_client": args.http_max_conns_per_client,
+        "rpc_max_conns_per_client": args.rpc_max_conns_per_client,
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TOKEN",
         help="require this X-Nomad-Token on every /v1 request (403 otherwise)",
     )
+    _topology_arguments(sim)
     commands.add_parser(
         "run",
         help="run the controller against the Nomad named by NOMAD_ADDR",
@@ -103,12 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
         "serve the API on NRC_API_HOST:NRC_API_PORT until SIGINT or SIGTERM. Every setting "
         "is an environment variable: see `nomad-runner-controller config`.",
     )
-    commands.add_parser(
+    dev = commands.add_parser(
         "dev",
         help="the simulator, the controller against it and a demo environment, in one process",
         description="Start a simulated Nomad in this process, the controller against it and "
         "one demo environment (pool 5); print the URLs and curl lines to try it. Ctrl-C stops.",
     )
+    _topology_arguments(dev)
     config = commands.add_parser(
         "config",
         help="print every setting with its value, source and description",
@@ -153,15 +208,48 @@ def run_sim(args: argparse.Namespace) -> int:
         acl_token=args.acl_token,
         heartbeat_interval_ms=args.heartbeat_interval * 1000,
         migration_ordering=args.migration_ordering,
+        **_topology(args),
     )
-    server = SimServer(config, host=args.host, port=args.port)
+    try:
+        server = SimServer(config, host=args.host, port=args.port)
+    except (OSError, ValueError) as exc:
+        print(f"nomad-runner-controller sim: {exc}", file=sys.stderr)
+        return 2
+    roles = {agent.name: agent.role.value for agent in server.sim.frontends.agents}
     print(
-        f"Nomad simulator: {args.nodes} nodes, seed {args.seed}; "
-        f"NOMAD_ADDR=http://{args.host}:{args.port} (Ctrl-C stops)",
+        sim_banner(
+            server.address,
+            {name: f"{roles[name]:8} {address}" for name, address in server.addresses.items()},
+            server.setuser_path,
+            args.acl_token,
+            f"{args.nodes} nodes, {args.servers} servers, seed {args.seed}; "
+            f"http_max_conns_per_client {args.http_max_conns_per_client}, "
+            f"rpc_max_conns_per_client {args.rpc_max_conns_per_client}",
+        ),
         flush=True,
     )
     server.serve_forever()
     return 0
+
+
+def sim_banner(
+    entry: str, agents: dict[str, str], setuser: str, token: str | None, shape: str
+) -> str:
+    """What `sim` prints: the cluster, then every setting `run` needs against
+    it, as lines to paste into the shell that starts the controller."""
+    import shlex
+
+    lines = [f"Nomad simulator: {shape} (Ctrl-C stops)"]
+    lines += [f"  {name:9} {where}" for name, where in sorted(agents.items())]
+    lines += [
+        "# the settings `nomad-runner-controller run` needs against it:",
+        f"export NOMAD_ADDR={entry}",
+        # The simulator's stand-in for /sbin/setuser, which this host lacks.
+        f"export NRC_EXEC_UNPRIVILEGED_WRAPPER={shlex.quote(shlex.quote(setuser) + ' user')}",
+    ]
+    if token:
+        lines.append(f"export NOMAD_TOKEN={shlex.quote(token)}")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -174,7 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from controller import service
 
         settings = _settings()
-        return service.run(settings) if args.command == "run" else service.dev(settings)
+        if args.command == "run":
+            return service.run(settings)
+        return service.dev(settings, _topology(args))
     return 2  # argparse rejects unknown commands before this
 
 

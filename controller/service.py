@@ -164,12 +164,16 @@ def run(settings: Settings) -> int:
     return serve(build(settings))
 
 
-def dev(settings: Settings) -> int:
-    """The simulator in this process, the controller against it, a demo pool."""
+def dev(settings: Settings, topology: dict[str, Any] | None = None) -> int:
+    """The simulator in this process, the controller against it, a demo pool.
+    `topology` shapes the simulated cluster (SimConfig's servers, entry and
+    connection limits; its production defaults when not given)."""
     from nomadsim import SimConfig, SimServer
 
     configure_logging(settings.log_level, settings.effective_log_format)
-    sim = SimServer(SimConfig(nodes=3, startup_delay_ms=500.0, stop_delay_ms=200.0))
+    sim = SimServer(
+        SimConfig(nodes=3, startup_delay_ms=500.0, stop_delay_ms=200.0, **(topology or {}))
+    )
     sim.start()
     try:
         # One replica, nothing to elect against. The simulator runs commands on

@@ -22,7 +22,15 @@ frame, as Nomad's `ws.Close()` does. A client that goes away leaves its
 command running (driver.py).
 
 The simulator's knobs apply as to any /v1 route: `http_latency_ms` before the
-upgrade, `http_error_rate` as close 1011 `No cluster leader` after it."""
+upgrade, `http_error_rate` as close 1011 `No cluster leader` after it.
+
+Through a client agent, an exec for an allocation on another node holds a
+streaming RPC connection from the agent to its server while it runs
+(topology.py). When the server refuses that connection (its RPC limit,
+connlimit.py), Nomad's handler returns the agent's read error (`EOF`)
+without writing a close frame or closing the WebSocket, which the Go
+runtime closes once it collects it: the client sees the connection drop
+with no close frame, here at once."""
 
 from __future__ import annotations
 
@@ -44,6 +52,7 @@ from nomadsim import gojson
 from nomadsim.core import Simulator
 from nomadsim.driver import Execution
 from nomadsim.errors import NomadError
+from nomadsim.topology import Kind
 
 EXEC_ROUTE = "/v1/client/allocation/{alloc_id}/exec"
 # A close frame's payload is at most 125 bytes, two of them the code.
@@ -379,16 +388,33 @@ def exec_endpoint(sim: Simulator) -> Callable[[WebSocket], Awaitable[None]]:
         if faults.http_error_rate and sim.fault_rng.random() < faults.http_error_rate:
             await close(websocket, 1011, "No cluster leader")
             return
+        alloc_id = websocket.path_params["alloc_id"]
+        agent = sim.frontends.agent_of(websocket.scope)
+        hop = sim.frontends.hop(agent, Kind.EXEC, alloc_node=_node_name(sim, alloc_id))
+        server = hop.stream_to
+        if server is not None and not sim.frontends.rpc.open_stream(server, agent.ip):
+            return  # no close frame: the connection drops
         try:
-            execution = sim.alloc_endpoint.exec(
-                websocket.path_params["alloc_id"], args.task, args.command, args.tty, token
-            )
-        except NomadError as exc:
-            await close(websocket, ws_code(exc.status), exc.text)
-            return
-        await bridge(websocket, execution)
+            try:
+                execution = sim.alloc_endpoint.exec(
+                    alloc_id, args.task, args.command, args.tty, token
+                )
+            except NomadError as exc:
+                await close(websocket, ws_code(exc.status), exc.text)
+                return
+            await bridge(websocket, execution)
+        finally:
+            if server is not None:
+                sim.frontends.rpc.close_stream(server, agent.ip)
 
     return endpoint
+
+
+def _node_name(sim: Simulator, alloc_id: str) -> str | None:
+    """The name of the node the allocation is on, if it is known."""
+    alloc = sim.store.allocs.get(alloc_id)
+    node = sim.store.nodes.get(alloc.node_id) if alloc is not None else None
+    return node.name if node is not None else None
 
 
 def not_upgraded_endpoint(sim: Simulator) -> Callable[[Request], Awaitable[Response]]:

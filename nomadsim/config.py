@@ -43,6 +43,14 @@ class SimConfig:
     time_scale: float = 1.0
     # Initial `migration_ordering` fault: production, client or random.
     migration_ordering: str = "production"
+    # The production topology (topology.py): servers (the first leads), one
+    # client agent per node, and the agent whose address is the entry
+    # (`client`, `leader` or `follower`).
+    servers: int = 3
+    entry: str = "client"
+    # Nomad's per-client connection limits (connlimit.py); 0 = unlimited.
+    http_max_conns_per_client: int = 100
+    rpc_max_conns_per_client: int = 100
 
 
 @dataclass

@@ -26,6 +26,7 @@ from nomadsim.drainer import Drainer
 from nomadsim.driver import Driver
 from nomadsim.errors import NomadError
 from nomadsim.events import EventBroker
+from nomadsim.frontends import Frontends
 from nomadsim.job_endpoint import JobEndpoint
 from nomadsim.node_endpoint import NodeEndpoint
 from nomadsim.ports import Ports
@@ -50,6 +51,9 @@ class Simulator:
         self.acl = Acl(self.config)
         self.requests: dict[str, int] = {}
         self.stopped = False
+        # The agents in front of this state (their addresses are bound by
+        # the server before `start`).
+        self.frontends = Frontends(self.config)
 
         store = self.store = StateStore(self.clock.monotonic)
         self.ports = Ports()
@@ -80,11 +84,14 @@ class Simulator:
         self.time.timers.bind(loop)
         self.driver.start(loop)
         for i in range(1, self.config.nodes + 1):
+            name = f"agent-{i}"
+            ip = self.frontends.node_ip(name)
             self.node_endpoint.register(
-                f"agent-{i}",
-                f"127.0.1.{i}:4646",
+                name,
+                self.frontends.node_http_addr(name) or f"{ip}:4646",
                 self.config.node_cpu_mhz,
                 self.config.node_memory_mb,
+                ip,
             )
 
     def stop(self) -> None:

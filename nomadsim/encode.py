@@ -747,7 +747,7 @@ def _node_attributes(node: Node) -> JsonDict:
         "nomad.version": "1.11.1",
         "os.name": "debian",
         "unique.hostname": node.name,
-        "unique.network.ip-address": node.http_addr.split(":")[0],
+        "unique.network.ip-address": node.address,
     }
 
 

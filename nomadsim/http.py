@@ -6,7 +6,13 @@ index exceeds `index`, or after `wait` plus up to wait/16 jitter, capped at
 300 s) and answer `X-Nomad-Index`, `X-Nomad-KnownLeader` and
 `X-Nomad-LastContact`. List reads may lag behind writes when the
 `stale_read_rate` fault is set, as a read served by a follower would.
-Allocation exec, a WebSocket, is wired here and lives in `alloc_exec`."""
+Allocation exec, a WebSocket, is wired here and lives in `alloc_exec`.
+
+Every request arrives at one of the cluster's agents (frontends.py): what
+that agent forwards is forwarded, and an error that came back over RPC is
+answered as Nomad's HTTP layer answers it (forwarding.py). A follower serves
+a `stale` list read from its own, lagging view; an event stream through a
+client agent holds a streaming RPC connection to the agent's server."""
 
 from __future__ import annotations
 
@@ -19,12 +25,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
-from nomadsim import bexpr, encode
+from nomadsim import bexpr, encode, forwarding
 from nomadsim.alloc_exec import EXEC_ROUTE, exec_endpoint, not_upgraded_endpoint
 from nomadsim.core import Simulator
-from nomadsim.errors import NomadError
+from nomadsim.errors import NomadError, Origin
 from nomadsim.events import Subscription, parse_topics
 from nomadsim.state import ALLOCS, EVALS, JOB_SUMMARY, JOBS, NODES, VARIABLES
+from nomadsim.topology import Hop, Kind
 from nomadsim.variables import VariableError, parse_go_duration
 
 MAX_WAIT_S = 300.0
@@ -58,6 +65,12 @@ def json_response(body: Any, index: int | None = None, status: int = 200) -> Res
         }
     content = body if isinstance(body, RawJSON) else dumps(body)
     return Response(content, status_code=status, media_type="application/json", headers=headers)
+
+
+def hop_of(request: Request) -> Hop:
+    """How the agent the request reached serves it (set by `_wrap`)."""
+    found = getattr(request.state, "hop", None)
+    return found if isinstance(found, Hop) else Hop()
 
 
 def namespace_of(request: Request) -> str:
@@ -126,11 +139,14 @@ class Blocking:
             wait_s = MAX_WAIT_S
         self.wait_s = wait_s + sim.fault_rng.random() * wait_s / 16
         self.at_index: int | None = None
+        self.follower_view = hop_of(request).follower_view
 
     def stale(self) -> None:
-        """Maybe serve this list read from a lagging follower's view."""
+        """Maybe serve this list read from a lagging follower's view: always
+        when a follower serves it (a `stale` read), else at the fault's rate."""
         sim = self.sim
-        if sim.faults.stale_read_rate and sim.fault_rng.random() < sim.faults.stale_read_rate:
+        rate = sim.faults.stale_read_rate
+        if self.follower_view or (rate and sim.fault_rng.random() < rate):
             lag = sim.fault_rng.random() * sim.config.stale_lag_ms / 1000
             self.at_index = sim.store.index_at(lag)
 
@@ -554,6 +570,9 @@ async def variable_route(request: Request, sim: Simulator) -> Response:
     except VariableError as exc:
         if exc.body is not None:
             return json_response(exc.body, exc.body.get("ModifyIndex") or None, status=exc.status)
+        if exc.status == 500:
+            # The endpoint's own uncoded error: wrapped when forwarded.
+            raise NomadError(500, exc.message, origin=Origin.PLAIN) from None
         return text(exc.status, exc.message)
 
 
@@ -588,6 +607,12 @@ async def event_stream(request: Request, sim: Simulator) -> Response:
         topics = parse_topics(request.query_params.getlist("topic"))
     except ValueError as exc:
         raise NomadError(400, f"Invalid topic query: error parsing topics: {exc}") from None
+    stream_to = hop_of(request).stream_to
+    agent = sim.frontends.agent_of(request.scope)
+    if stream_to is not None and not sim.frontends.rpc.open_stream(stream_to, agent.ip):
+        # The server closed the streaming RPC connection unanswered: the
+        # agent read EOF (command/agent/event_endpoint.go, CodedError 500).
+        raise NomadError(500, "EOF")
     sub = sim.broker.subscribe(Subscription(topics, namespace_of(request)), from_index)
 
     async def frames() -> AsyncIterator[bytes]:
@@ -623,6 +648,8 @@ async def event_stream(request: Request, sim: Simulator) -> Response:
                     return
         finally:
             sim.broker.unsubscribe(sub)
+            if stream_to is not None:
+                sim.frontends.rpc.close_stream(stream_to, agent.ip)
 
     return StreamingResponse(
         frames(), media_type="application/json", headers={"Cache-Control": "no-cache"}
@@ -641,23 +668,26 @@ async def regions(request: Request, sim: Simulator) -> Response:
 
 
 async def agent_self(request: Request, sim: Simulator) -> Response:
+    agent = sim.frontends.agent_of(request.scope)
+    server = "false" if agent.node is not None else "true"
+    leader = "true" if agent.name == sim.frontends.agents[0].name else "false"
     return json_response(
         {
             "config": {
                 "Region": "global",
                 "Datacenter": "dc1",
-                "NodeName": "nomad-sim",
+                "NodeName": agent.name,
                 "Version": {"Version": "1.11.1", "VersionPrerelease": "", "Revision": "sim"},
                 "ACL": {"Enabled": sim.acl.enabled},
             },
             "member": {
-                "Name": "nomad-sim.global",
+                "Name": f"{agent.name}.global",
                 "Addr": "127.0.0.1",
                 "Port": 4648,
                 "Tags": {"region": "global", "dc": "dc1", "role": "nomad", "build": "1.11.1"},
                 "Status": "alive",
             },
-            "stats": {"nomad": {"leader": "true", "server": "true", "known_regions": "1"}},
+            "stats": {"nomad": {"leader": leader, "server": server, "known_regions": "1"}},
         }
     )
 
@@ -677,6 +707,10 @@ async def sim_faults(request: Request, sim: Simulator) -> Response:
 
 async def sim_stats(request: Request, sim: Simulator) -> Response:
     return json_response(sim.stats())
+
+
+async def sim_connections(request: Request, sim: Simulator) -> Response:
+    return json_response(sim.frontends.connections())
 
 
 async def sim_alloc_oom(request: Request, sim: Simulator) -> Response:
@@ -702,6 +736,19 @@ async def sim_node_up(request: Request, sim: Simulator) -> Response:
 # -- wiring ---------------------------------------------------------------------------
 
 
+def kind_of(template: str, method: str) -> Kind:
+    """What a request is, for forwarding."""
+    if not template.startswith("/v1/") or template in (
+        "/v1/agent/self",
+        "/v1/regions",
+        "/v1/status/leader",
+    ):
+        return Kind.LOCAL
+    if template == "/v1/event/stream":
+        return Kind.STREAM
+    return Kind.READ if method == "GET" else Kind.WRITE
+
+
 def _wrap(
     sim: Simulator, template: str, handler: Handler
 ) -> Callable[[Request], Awaitable[Response]]:
@@ -719,25 +766,31 @@ def _wrap(
     async def serve(request: Request) -> Response:
         key = f"{request.method} {template}"
         sim.requests[key] = sim.requests.get(key, 0) + 1
-        if nomad_api and sim.acl.enabled:
-            token = request.headers.get("X-Nomad-Token")
-            auth = request.headers.get("Authorization", "")
-            if auth.startswith("Bearer "):
-                token = token or auth[7:]
-            if not sim.acl.known(token):
-                return text(403, "Permission denied")
-        if nomad_api:
-            faults = sim.faults
-            if faults.http_latency_ms:
-                await asyncio.sleep(faults.http_latency_ms / 1000)
-            if faults.http_error_rate and sim.fault_rng.random() < faults.http_error_rate:
-                return text(500, "No cluster leader")
+        agent = sim.frontends.agent_of(request.scope)
+        stale = "stale" in request.query_params
+        hop = sim.frontends.hop(agent, kind_of(template, request.method), stale)
+        request.state.hop = hop
         try:
+            if nomad_api and sim.acl.enabled:
+                token = request.headers.get("X-Nomad-Token")
+                auth = request.headers.get("Authorization", "")
+                if auth.startswith("Bearer "):
+                    token = token or auth[7:]
+                if not sim.acl.known(token):
+                    # The servers resolve tokens: an uncoded RPC error.
+                    raise NomadError(403, "Permission denied", origin=Origin.PLAIN)
+            if nomad_api:
+                faults = sim.faults
+                if faults.http_latency_ms:
+                    await asyncio.sleep(faults.http_latency_ms / 1000)
+                if faults.http_error_rate and sim.fault_rng.random() < faults.http_error_rate:
+                    raise NomadError(500, "No cluster leader", origin=Origin.PLAIN)
             return await handler(request, sim)
         except NomadError as exc:
-            if exc.body is not None:
+            answer = forwarding.answer(exc, hop.pool_hops)
+            if exc.body is not None and answer.status == exc.status:
                 return json_response(exc.body, status=exc.status)
-            return text(exc.status, exc.text)
+            return text(answer.status, answer.text)
 
     return endpoint
 
@@ -771,6 +824,7 @@ def routes(sim: Simulator) -> list[BaseRoute]:
         ("/v1/agent/self", agent_self, ["GET"]),
         ("/_sim/faults", sim_faults, ["GET", "PUT"]),
         ("/_sim/stats", sim_stats, ["GET"]),
+        ("/_sim/connections", sim_connections, ["GET"]),
         ("/_sim/allocation/{alloc_id}/oom", sim_alloc_oom, ["POST"]),
         ("/_sim/allocation/{alloc_id}/crash", sim_alloc_crash, ["POST"]),
         ("/_sim/node/{node_id}/down", sim_node_down, ["POST"]),

@@ -16,7 +16,7 @@ from typing import Any
 
 from nomadsim.clock import SimTime
 from nomadsim.encode import JobValidationError, canonicalize_job
-from nomadsim.errors import NomadError
+from nomadsim.errors import NomadError, Origin
 from nomadsim.ports import Ports
 from nomadsim.records import Eval, JobRecord, JsonDict
 from nomadsim.scheduler import Scheduler
@@ -62,21 +62,26 @@ class JobEndpoint:
         existing = store.job(namespace, job_id)
         if enforce:
             if enforce_index == 0 and existing is not None:
-                raise NomadError(500, "Enforcing job modify index 0: job already exists")
+                raise NomadError(
+                    500, "Enforcing job modify index 0: job already exists", origin=Origin.PLAIN
+                )
             if enforce_index != 0 and existing is None:
                 raise NomadError(
-                    500, f"Enforcing job modify index {enforce_index}: job does not exist"
+                    500,
+                    f"Enforcing job modify index {enforce_index}: job does not exist",
+                    origin=Origin.PLAIN,
                 )
             if existing is not None and existing.spec["JobModifyIndex"] != enforce_index:
                 raise NomadError(
                     500,
                     f"Enforcing job modify index {enforce_index}: job exists with conflicting "
                     f"job modify index: {existing.spec['JobModifyIndex']}",
+                    origin=Origin.PLAIN,
                 )
         try:
             spec = canonicalize_job(raw, namespace)
         except JobValidationError as exc:
-            raise NomadError(500, str(exc)) from None
+            raise NomadError(500, str(exc), origin=Origin.PLAIN) from None
         now = self._time.now_ns()
         periodic = (spec.get("Periodic") or {}).get("Enabled") or spec.get("ParameterizedJob")
         if existing is not None and not _spec_changed(existing.spec, spec):
@@ -152,7 +157,9 @@ class JobEndpoint:
     def evaluate(self, namespace: str, job_id: str) -> JsonDict:
         rec = self._store.job(namespace, job_id)
         if rec is None:
-            raise NomadError(404, "job not found")
+            # Job.Evaluate's error has no code: forwarded, it is wrapped
+            # (directly, Nomad answers it 500; the simulator keeps its 404).
+            raise NomadError(404, "job not found", origin=Origin.PLAIN)
         ev = self._new_eval(rec.spec, "job-register")
         with self._store.txn("EvalUpdate") as tx:
             ev = replace(ev, job_modify_index=rec.spec["ModifyIndex"])

@@ -16,7 +16,7 @@ from nomadsim.alloc_endpoint import alloc_job_eval
 from nomadsim.clock import SimTime
 from nomadsim.drainer import Drainer
 from nomadsim.encode import go_time, node_events
-from nomadsim.errors import NomadError
+from nomadsim.errors import NomadError, Origin
 from nomadsim.ports import Ports
 from nomadsim.records import FAILED, Alloc, Eval, JsonDict, Node
 from nomadsim.scheduler import Scheduler
@@ -40,7 +40,9 @@ class NodeEndpoint:
         self._drainer = drainer
         self._ports = ports
 
-    def register(self, name: str, http_addr: str, cpu_mhz: int, memory_mb: int) -> None:
+    def register(
+        self, name: str, http_addr: str, cpu_mhz: int, memory_mb: int, ip: str = ""
+    ) -> None:
         """A client node joins the cluster, ready and eligible."""
         now = self._time.now_ns()
         with self._store.txn("NodeRegister") as tx:
@@ -50,6 +52,7 @@ class NodeEndpoint:
                 name=name,
                 datacenter="dc1",
                 http_addr=http_addr,
+                ip=ip,
                 cpu_mhz=cpu_mhz,
                 memory_mb=memory_mb,
                 status_updated_at=now // 1_000_000_000,
@@ -96,7 +99,9 @@ class NodeEndpoint:
             raise NomadError(400, f'invalid scheduling eligibility "{eligibility}"')
         if eligibility == "eligible" and node.drain is not None:
             raise NomadError(
-                500, "can not set node's scheduling eligibility to eligible while it is draining"
+                500,
+                "can not set node's scheduling eligibility to eligible while it is draining",
+                origin=Origin.PLAIN,
             )
         with self._store.txn("NodeUpdateEligibility") as tx:
             message = f"Node marked as {eligibility}"

@@ -19,7 +19,7 @@ class Ports:
     def assign(self, alloc_id: str, node: Node, group: JsonDict) -> None:
         """Give the allocation placed on `node` the ports its group asks for."""
         used = self._used_by_node.setdefault(node.id, set())
-        host_ip = node.http_addr.split(":")[0]
+        host_ip = node.address
         ports: list[JsonDict] = []
         for network in group.get("Networks") or []:
             for port in network.get("ReservedPorts") or []:

@@ -28,7 +28,7 @@ class Presenter:
 
     def _host_ip(self, alloc: Alloc) -> str:
         node = self._store.nodes.get(alloc.node_id)
-        return node.http_addr.split(":")[0] if node else ""
+        return node.address if node else ""
 
     def alloc(self, alloc: Alloc, with_job: bool = True) -> JsonDict:
         """The full allocation (GET /v1/allocation/:id, a node's allocations)."""

@@ -163,6 +163,13 @@ class Node:
     status_updated_at: int = 0  # unix seconds
     create_index: int = 0
     modify_index: int = 0
+    # The node's own IP (its fingerprinted address: port HostIPs, attributes);
+    # HTTPAddr is where its client agent listens.
+    ip: str = ""
+
+    @property
+    def address(self) -> str:
+        return self.ip or self.http_addr.split(":")[0]
 
 
 @dataclass(frozen=True)

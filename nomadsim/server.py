@@ -11,6 +11,13 @@ query) that ends at once instead of one that holds the shutdown until the
 graceful-shutdown timeout cancels it; its answer carries `Connection: close`,
 so the connection does not idle either.
 
+Every agent of the cluster (topology.py: servers and one client agent per
+node) gets a listener of its own, bound before the simulator starts so that
+each node's `HTTPAddr` is its agent's address; one uvicorn server serves them
+all, its HTTP protocol counting connections per listener and client IP
+(connlimit.py). The entry (`SimConfig.entry`) gets the port asked for, the
+others free ports.
+
 Allocation exec runs commands on this host without isolation (driver.py), so
 the simulator listens on 127.0.0.1 unless told otherwise, and says so loudly
 when it is told otherwise. Whatever ends the simulator's thread, the processes
@@ -23,6 +30,7 @@ import contextlib
 import ipaddress
 import logging
 import signal
+import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from types import FrameType
@@ -32,6 +40,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from nomadsim.config import SimConfig
+from nomadsim.connlimit import limited_http
 from nomadsim.core import Simulator
 from nomadsim.http import routes
 
@@ -46,6 +55,15 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family)
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def create_app(sim: Simulator) -> Starlette:
@@ -92,14 +110,31 @@ class _Server(uvicorn.Server):
 
 
 class SimServer:
-    """A simulator listening on host:port (port 0 picks a free port)."""
+    """A simulated cluster whose agents listen on `host`: the entry agent on
+    `port` (0 picks a free port), every other agent on a free port."""
 
     def __init__(self, config: SimConfig | None = None, host: str = "127.0.0.1", port: int = 0):
         self.sim = Simulator(config)
+        frontends = self.sim.frontends
+        entry = frontends.entry.name
+        names = [entry, *(a.name for a in frontends.agents if a.name != entry)]
+        self._sockets: list[socket.socket] = []
+        try:
+            for name in names:
+                sock = _listen(host, port if name == entry else 0)
+                self._sockets.append(sock)
+                bound = int(sock.getsockname()[1])
+                frontends.bind(name, _url(host, bound), bound)
+        except OSError:
+            self._close_sockets()
+            raise
+        # The app, for a harness to add routes to before it starts (bench).
+        self.app = create_app(self.sim)
         uv_config = uvicorn.Config(
-            create_app(self.sim),
+            self.app,
             host=host,
             port=port,
+            http=limited_http(frontends.http),
             log_level="warning",
             access_log=False,
             lifespan="on",
@@ -124,20 +159,54 @@ class SimServer:
 
     @property
     def port(self) -> int:
-        for server in self._server.servers:
-            for sock in server.sockets:
-                return int(sock.getsockname()[1])
-        raise RuntimeError("simulator is not listening")
+        """The entry's port."""
+        return int(self.address.rsplit(":", 1)[1])
 
     @property
     def address(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """The entry's base address (the agent `SimConfig.entry` names)."""
+        return self.sim.frontends.addresses[self.sim.frontends.entry.name]
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        """Every agent's base address by agent name (server-N, agent-N)."""
+        return dict(self.sim.frontends.addresses)
+
+    @property
+    def agent_addresses(self) -> dict[str, str]:
+        """Each client agent's base address by its node's name."""
+        return {
+            a.node: self.sim.frontends.addresses[a.name]
+            for a in self.sim.frontends.agents
+            if a.node is not None
+        }
+
+    @property
+    def server_addresses(self) -> dict[str, str]:
+        """Each server's base address by name; server-1 is the leader."""
+        return {
+            a.name: self.sim.frontends.addresses[a.name]
+            for a in self.sim.frontends.agents
+            if a.node is None
+        }
+
+    def address_of(self, role: str) -> str:
+        """The first agent's address with this role: client, leader or follower."""
+        for agent in self.sim.frontends.agents:
+            if agent.role.value == role:
+                return self.sim.frontends.addresses[agent.name]
+        raise ValueError(f"no {role} in this cluster")
+
+    def _close_sockets(self) -> None:
+        for sock in self._sockets:
+            sock.close()
 
     def serve_forever(self) -> None:
         """Run in the foreground until SIGINT or SIGTERM."""
         try:
-            self._server.run()
+            self._server.run(sockets=self._sockets)
         finally:
+            self._close_sockets()
             self.sim.driver.abandon()
 
     def start(self, timeout: float = 10.0) -> str:
@@ -148,7 +217,7 @@ class SimServer:
             loop = asyncio.new_event_loop()
             self._loop = loop
             asyncio.set_event_loop(loop)
-            task = loop.create_task(self._server.serve())
+            task = loop.create_task(self._server.serve(sockets=self._sockets))
             loop.call_soon(started.set)
             try:
                 loop.run_until_complete(task)
@@ -184,6 +253,7 @@ class SimServer:
         self._server.should_exit = True
         self._thread.join(timeout)
         self._thread = None
+        self._close_sockets()
         # Should the thread be stuck or dead, no process outlives the stop.
         self.sim.driver.abandon()
 

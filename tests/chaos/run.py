@@ -39,6 +39,7 @@ from tests.chaos.harness import (
 )
 from tests.chaos.scenario import DeleteEnv, EnvSpec, PutEnv, Scenario, generate
 from tests.helpers import wait_until
+from tests.support.sim import TOPOLOGY
 
 REPLAY = ".venv/bin/pytest tests/chaos -q --chaos-seed={seed}"
 # Bound on the time from quiescence to converged pools (invariant 4).
@@ -57,6 +58,7 @@ def sim_config(scenario: Scenario) -> SimConfig:
         stale_lag_ms=scenario.stale_lag_ms,
         # Restart delay 1 s ⇒ 50 ms, batch reschedule delay 5 s ⇒ 250 ms.
         time_scale=0.05,
+        **TOPOLOGY,
     )
 
 

@@ -3,7 +3,9 @@
 Every call below goes through the library's own request building and error
 mapping, so these tests pin the wire details it depends on: paths, methods,
 query parameters, JSON bodies, status codes (403/404/409/204) and the event
-stream's newline-delimited frames with `{}` heartbeats."""
+stream's newline-delimited frames with `{}` heartbeats. Each test runs twice:
+on the tests' default entry and through a client agent of the production
+topology, where every call is forwarded."""
 
 from __future__ import annotations
 
@@ -19,6 +21,16 @@ import pytest
 
 from nomadsim import SimServer
 from tests.helpers import runner_job, wait_until
+from tests.support.sim import PRODUCTION
+
+
+@pytest.fixture(params=["default", "client-agent"])
+def make_sim(
+    request: pytest.FixtureRequest, make_sim: Callable[..., SimServer]
+) -> Callable[..., SimServer]:
+    """conftest's `make_sim`, also in the production topology."""
+    topology = PRODUCTION if request.param == "client-agent" else {}
+    return lambda **overrides: make_sim(**{**topology, **overrides})
 
 
 def client(sim: SimServer, token: str | None = None) -> Any:
