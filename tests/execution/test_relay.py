@@ -99,6 +99,9 @@ class FakeRunners:
     def end_use(self, runner_id: str) -> None:
         self.uses_ended += 1
 
+    def uses(self, runner_id: str) -> int:
+        return 1
+
     def stop_runner(self, runner_id: str, reason: LossReason) -> None:
         self.stopped.append(reason)
 
