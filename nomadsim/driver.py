@@ -19,8 +19,9 @@ runs on a real pseudo-terminal, so the kernel echoes input, turns `\\n` into
 `\\r\\n`, merges stderr into stdout and turns 0x1C into SIGQUIT; without one
 it has three pipes. Output is read without blocking on the simulator's event
 loop and the exit is learnt from a pidfd: no thread runs per execution. A
-client that goes away does not stop its process (Nomad's does not either):
-the output is read and dropped until the process ends."""
+client that goes away does not stop its process (Nomad's does not either),
+and its output is no longer read (as Nomad's): a process that writes on
+blocks once the pipe is full."""
 
 from __future__ import annotations
 
@@ -659,13 +660,19 @@ class Execution:
     # -- the client and the end ------------------------------------------------------
 
     def detach(self) -> None:
-        """The client went away: the command runs on, its output is dropped."""
+        """The client went away: the command runs on, and its output is no
+        longer read — Nomad's output loop stops at the first send that fails
+        (plugins/drivers/execstreaming.go), so a command that writes more
+        than the pipes hold blocks until it is killed. Once it has exited, what
+        is left is read and dropped as usual."""
         self.attached = False
         while not self.frames.empty():
             self.frames.get_nowait()
         self._waiting = 0
-        if self._paused:
-            self._resume()
+        self._paused = True
+        for stream in self._streams:
+            if not stream.announced:
+                self._stop_reading(stream)
 
     def kill(self) -> None:
         """SIGKILL the session. Only while the main process is not reaped: its

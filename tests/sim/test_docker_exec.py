@@ -7,6 +7,7 @@ replaces the exit frame with a dropped connection)."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -254,3 +255,27 @@ def test_input_read_before_the_output_ends_is_fine(sim: tuple[SimServer, str]):
         session.stdin(b"x" * 32768)
     session.close_stdin()
     assert session.finish().exit_code == 4
+
+
+def test_a_client_gone_leaves_a_writing_command_blocked(make_sim: Callable[..., SimServer]):
+    """Nomad stops reading an exec's output once a send to its client fails:
+    a command that writes more than the pipes hold blocks (and runs on
+    until it is killed); it never finishes on its own."""
+    server = make_sim()
+    alloc_id = start(server, "blocked")
+    script = "echo up; head -c 4000000 /dev/zero; touch finished; sleep 60"
+    session = Session(exec_url(server, alloc_id, ["/bin/sh", "-c", script]))
+    session.read_until(b"up")
+    session.ws.close()
+    workdir = task_dir(server, alloc_id)
+    assert workdir is not None
+
+    def detached() -> bool:
+        executions = server.call(lambda: server.sim.driver.executions(alloc_id))
+        return [e.attached for e in executions] == [False]
+
+    wait_until(detached)
+    deadline = time.monotonic() + 1.0  # ample for 4 MB read and dropped
+    while time.monotonic() < deadline:
+        assert not (workdir / "finished").exists()
+    assert processes(server, alloc_id)
