@@ -28,9 +28,10 @@ without Nomad's variables.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterator
 
-from controller.execution.command import ExecSettings, as_client
+from controller.execution.command import MARKER, ExecSettings, as_client
 from controller.files.paths import ancestors, to_bytes
 from controller.files.upload import Upload
 
@@ -85,16 +86,18 @@ tail -c "+$((start + 1))" -- "$p" | head -c "$length"
 """
 
 
-def copy_command() -> list[str]:
-    return ["/bin/bash", "-c", COPY]
+def copy_command(marker: str | None = None) -> list[str]:
+    """The copy, as root; with `marker`, its processes carry it (`MARKER`)."""
+    export = f"export {shlex.quote(f'{MARKER}={marker}')}\n" if marker else ""
+    return ["/bin/bash", "-c", export + COPY]
 
 
-def list_command(privileged: bool, settings: ExecSettings) -> list[str]:
-    return as_client(LIST, privileged, settings)
+def list_command(privileged: bool, settings: ExecSettings, marker: str | None = None) -> list[str]:
+    return as_client(LIST, privileged, settings, marker)
 
 
-def read_command(privileged: bool, settings: ExecSettings) -> list[str]:
-    return as_client(READ, privileged, settings)
+def read_command(privileged: bool, settings: ExecSettings, marker: str | None = None) -> list[str]:
+    return as_client(READ, privileged, settings, marker)
 
 
 def _record(path: str) -> bytes:
