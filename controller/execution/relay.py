@@ -62,6 +62,7 @@ from controller.execution.store import Execution
 from controller.metrics import Metrics
 from controller.model import LossReason
 from controller.nomad.exec import (
+    ExecBroken,
     ExecError,
     ExecEvent,
     ExecForbidden,
@@ -135,6 +136,12 @@ class RelaySettings:
     stderr_drain_s: float = 1.0  # after the exit: stderr still arriving
     settle_s: float = 2.0  # an abnormal end waits this long for a loss to show
     loss_poll_s: float = 0.2
+    # Where we differ from Poseidon, as settings (README, "Migrating from Poseidon"):
+    # an exit by a signal (>= 128) looks for a loss this long (Poseidon: 1 s, for 128);
+    signal_loss_window_s: float = 0.5
+    # an exec broken off without an exit code (runner not lost) is exit 0 (Poseidon)
+    # rather than an error frame.
+    broken_as_exit_zero: bool = False
 
 
 class Relay:
@@ -354,10 +361,18 @@ class _Run:
         try:
             code = main.result()
         except ExecError as exc:
-            return await self._explain(exc)
+            outcome = await self._explain(exc)
+            if (
+                isinstance(outcome, Failed)
+                and isinstance(exc, ExecBroken)
+                and self.relay.settings.broken_as_exit_zero
+            ):
+                # Poseidon's answer: a stream that ended without its exit code is exit 0.
+                return Exit(0)
+            return outcome
         if code >= 128:
             # Killed by a signal: perhaps with its allocation (OOM, drain, stop).
-            lost = await self._settled_loss(self.relay.settings.settle_s / 4)
+            lost = await self._settled_loss(self.relay.settings.signal_loss_window_s)
             if lost is not None:
                 return lost
         return Exit(code)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -17,7 +17,7 @@ from controller.execution.relay import Relay, RelaySettings, Session
 from controller.execution.store import Execution
 from controller.metrics import Metrics
 from controller.model import LossReason
-from controller.nomad.exec import ExecEvent, Exited, Output
+from controller.nomad.exec import ExecBroken, ExecEvent, Exited, Output
 
 pytestmark = pytest.mark.anyio
 FAST = RelaySettings(
@@ -217,3 +217,63 @@ async def test_a_client_that_never_reads_holds_the_exec_back() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+class BrokenSession(FakeSession):
+    """An exec whose connection ends without Nomad's exit frame."""
+
+    async def events(self) -> AsyncIterator[ExecEvent]:
+        yield Output("stdout", b"partial")
+        raise ExecBroken("the connection to Nomad ended before the command's exit code")
+
+
+@pytest.mark.parametrize(
+    ("exit_zero", "last"),
+    [
+        (
+            False,
+            {
+                "type": "error",
+                "data": "Error executing the request: the connection to "
+                "Nomad ended before the command's exit code",
+            },
+        ),
+        (True, {"type": "exit", "data": 0}),
+    ],
+)
+async def test_a_broken_exec_is_an_error_frame_or_poseidons_exit_0(
+    exit_zero: bool, last: Frame
+) -> None:
+    main, runners, client = BrokenSession(), FakeRunners(), FakeClient()
+    settings = replace(FAST, broken_as_exit_zero=exit_zero)
+    await Relay(FakeExecs(main), runners, Metrics(), settings).run(execution(), "a", client)
+    assert client.frames == [{"type": "start"}, {"type": "stdout", "data": "partial"}, last]
+
+
+@pytest.mark.parametrize(
+    ("window_s", "last"),
+    [
+        (0.05, {"type": "exit", "data": 137}),
+        (2.0, {"type": "error", "data": "the allocation was OOM Killed"}),
+    ],
+)
+async def test_an_exit_by_signal_waits_the_loss_window_for_an_oom_kill(
+    window_s: float, last: Frame
+) -> None:
+    """Nomad learns of the OOM kill 0.3 s after the exec's exit 137: a window of
+    1 s (Poseidon's) or more finds it, one of 0.05 s reports the exit code."""
+    main, runners, client = FakeSession(), FakeRunners(), FakeClient()
+    settings = replace(FAST, signal_loss_window_s=window_s)
+    task = asyncio.ensure_future(
+        Relay(FakeExecs(main), runners, Metrics(), settings).run(execution(), "a", client)
+    )
+    await main.events_queue.put(Exited(137))
+
+    async def oom_reported_late() -> None:
+        await asyncio.sleep(0.3)
+        runners.lost = LossReason.OOM_KILLED
+
+    reporter = asyncio.ensure_future(oom_reported_late())
+    await task
+    await reporter
+    assert client.frames[-1] == last
