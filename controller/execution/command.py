@@ -140,12 +140,16 @@ def kill_command(
          as root, or as the simulator's own user, would reach far too much;
        - otherwise: every process of that user carrying the marker;
     2. as root: every process carrying the execution's marker that root can
-       see — a privileged execution's (same uid; no CAP_SYS_PTRACE needed).
+       see — a privileged execution's (same uid; no CAP_SYS_PTRACE needed);
+       then the stderr FIFO is removed (a reader killed while it waited for
+       the command's side leaves it).
     """
     marker = shlex.quote(f"{MARKER}={execution_id}")
+    # A reader killed while it waited for the command's side leaves its FIFO.
+    fifo = f"rm -f -- {shlex.quote(fifo_path(execution_id))}"
     wrapper = settings.unprivileged_wrapper if settings is not None else ()
     if not wrapper:
-        return ["/bin/sh", "-c", f"{_scan(marker)}; exit 0"]
+        return ["/bin/sh", "-c", f"{_scan(marker)}; {fifo}; exit 0"]
     sweep = "1" if sweep_user else "0"
     inner = (
         f'if [ "$2" = 1 ] && [ "$EUID" != 0 ] && [ "$EUID" != "$1" ]; then '
@@ -155,7 +159,7 @@ def kill_command(
     # The user's side first (what a timeout is mostly about), then root's.
     outer = (
         f'{shlex.join(wrapper)} /bin/bash -c {shlex.quote(inner)} nrc-kill "$EUID" {sweep}; '
-        f"{_scan(marker)}; exit 0"
+        f"{_scan(marker)}; {fifo}; exit 0"
     )
     return ["/bin/bash", "-c", outer]
 

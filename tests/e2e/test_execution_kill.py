@@ -8,12 +8,23 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from controller.execution.command import (
+    ExecutionRequest,
+    fifo_path,
+    kill_command,
+    stderr_command,
+)
 from tests.helpers import wait_until
+from tests.sim.test_exec import Session as SimSession
+from tests.sim.test_exec import exec_url
+from tests.support.api_server import sim_settings
 from tests.support.world import Run, World, world_with
 
 pytestmark = pytest.mark.skipif(
@@ -23,6 +34,7 @@ pytestmark = pytest.mark.skipif(
 # The time limit, and how long after it no process of the execution may be left.
 LIMIT_S = 1
 LEFT_S = 3.0
+TASK = "default-task"
 
 
 @pytest.fixture
@@ -120,3 +132,22 @@ def test_a_second_execution_in_flight_on_the_runner_is_spared(world: World) -> N
     assert run.last == {"type": "timeout"}
     assert results and results[0].last == {"type": "exit", "data": 0}
     assert results[0].stdout == "survived\r\n"
+
+
+def test_the_reader_of_a_half_opened_pair_is_ended_by_the_kill(world: World) -> None:
+    """The stderr reader's exec opened, the command's never came (refused):
+    the reader waits in open(2) on the FIFO as the unprivileged user, where
+    root without CAP_SYS_PTRACE cannot see its marker; the kill as the user
+    ends it."""
+    runner = world.claim()
+    alloc = world.alloc_of(runner)["ID"]
+    settings = sim_settings(world.sim).execution_settings().exec  # the service's own
+    execution = f"halfopen-{uuid.uuid4().hex}"
+    argv = stderr_command(execution, ExecutionRequest("true"), settings)
+    reader = SimSession(exec_url(world.sim, alloc, argv, task=TASK))
+    wait_until(lambda: Path(fifo_path(execution)).exists(), timeout=5)
+    kill = kill_command(execution, settings, sweep_user=True)
+    assert SimSession(exec_url(world.sim, alloc, kill, task=TASK)).finish().exit_code == 0
+    assert reader.finish().exit_code == 137
+    assert not left(world, alloc)
+    assert not Path(fifo_path(execution)).exists(), "the FIFO is removed"

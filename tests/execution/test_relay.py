@@ -11,13 +11,13 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from controller.execution.command import ExecSettings, ExecutionRequest
+from controller.execution.command import ExecSettings, ExecutionRequest, kill_command
 from controller.execution.frames import Frame, Released
 from controller.execution.relay import Relay, RelaySettings, Session
 from controller.execution.store import Execution
 from controller.metrics import Metrics
 from controller.model import LossReason
-from controller.nomad.exec import ExecBroken, ExecEvent, Exited, Output
+from controller.nomad.exec import ExecBroken, ExecEvent, ExecRejected, Exited, Output
 
 pytestmark = pytest.mark.anyio
 FAST = RelaySettings(
@@ -85,6 +85,7 @@ class FakeRunners:
     lost: LossReason | None = None
     stopped: list[LossReason] = field(default_factory=list)
     uses_ended: int = 0
+    in_flight: int = 1  # uses of the runner begun and not ended, this one included
 
     def loss(self, runner_id: str) -> LossReason | Released | None:
         return self.lost
@@ -100,7 +101,7 @@ class FakeRunners:
         self.uses_ended += 1
 
     def uses(self, runner_id: str) -> int:
-        return 1
+        return self.in_flight
 
     def stop_runner(self, runner_id: str, reason: LossReason) -> None:
         self.stopped.append(reason)
@@ -277,3 +278,37 @@ async def test_an_exit_by_signal_waits_the_loss_window_for_an_oom_kill(
     await task
     await reporter
     assert client.frames[-1] == last
+
+
+@dataclass
+class HalfOpen:
+    """The command's exec is refused; the stderr reader's and the kill's open."""
+
+    opened: list[tuple[Sequence[str], bool]] = field(default_factory=list)
+
+    async def open(
+        self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
+    ) -> Session:
+        self.opened.append((command, tty))
+        if tty:
+            raise ExecRejected("refused")
+        session = FakeSession()
+        if len(self.opened) > 2:
+            await session.events_queue.put(Exited(0))  # the kill ends at once
+        return session
+
+
+@pytest.mark.parametrize(("uses", "sweep"), [(1, True), (2, False)])
+async def test_the_lone_side_of_a_half_opened_pair_is_killed(uses: int, sweep: bool) -> None:
+    """The kill sweeps the unprivileged user's processes only when this
+    execution is the runner's sole use; otherwise it keeps to the marker."""
+    execs, runners, client = HalfOpen(), FakeRunners(), FakeClient()
+    runners.in_flight = uses
+    settings = replace(FAST, exec=ExecSettings(separate_stderr=True))
+    r = Relay(execs, runners, Metrics(), settings)
+    await r.run(execution(), "a", client)
+    await r.wait_background()
+    assert client.frames[-1]["type"] == "error"
+    kill_argv, tty = execs.opened[-1]
+    assert not tty
+    assert kill_argv == kill_command("e1", settings.exec, sweep_user=sweep)
