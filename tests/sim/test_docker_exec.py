@@ -6,6 +6,7 @@ replaces the exit frame with a dropped connection)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +16,8 @@ import pytest
 from websockets.exceptions import ConnectionClosedError
 
 from nomadsim import SimConfig, SimServer
-from nomadsim.driver import DOCKER_CAPS
+from nomadsim.driver import DOCKER_CAPS, Driver
+from nomadsim.state import StateStore
 from tests.helpers import Http, runner_job, wait_until
 from tests.sim.test_exec import Session, alive, exec_url, processes, run, task_dir
 from tests.support.sim import FAST
@@ -279,3 +281,18 @@ def test_a_client_gone_leaves_a_writing_command_blocked(make_sim: Callable[..., 
     while time.monotonic() < deadline:
         assert not (workdir / "finished").exists()
     assert processes(server, alloc_id)
+
+
+def test_not_root_says_so_once_and_runs_commands_as_before(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with caplog.at_level(logging.WARNING, logger="nomadsim.driver"):
+        driver = Driver(StateStore(time.monotonic))
+    assert not driver.docker_users
+    assert [r.message for r in caplog.records] == [
+        "the simulator does not run as root: exec'd commands run as its own user "
+        "with its capabilities, and setuser changes no user"
+    ]
+    assert driver._identity("a", {"User": "user"}) is None
+    driver.close()
