@@ -1,7 +1,11 @@
 """The simulator's task driver: like Nomad's `raw_exec`, it runs what
 `/v1/client/allocation/:id/exec` asks for as real child processes of the
-simulator, on this host, as the simulator's own user and WITHOUT isolation
-(docs/simulator.md says what that means).
+simulator, on this host, WITHOUT isolation (docs/simulator.md says what that
+means). As root it runs them as a Docker exec would (`Identity`): as the
+container's user with Docker's default capabilities as the bounding set, and
+its `setuser` stand-in switches to a real uid of the allocation's own; it
+also keeps Docker's stdin rule of Nomad <= 1.8 (`Execution.broken`). Not
+root, everything runs as the simulator's own user.
 
 It follows the task states the client writes (a state store listener, as
 Nomad's task runner drives its driver; it never calls the scheduler). Every
