@@ -1,6 +1,6 @@
 """The Nomad simulator in its own process, for the benchmarks.
 
-It is `nomadsim` as `nomad-runner-controller sim` serves it, plus three
+It is `nomadsim` as `nomad-runner-controller sim` serves it, plus four
 routes under `/_bench/` that the benchmarks use to set the cluster up without
 paying for it through HTTP (none of them is part of Nomad or of `/_sim`):
 
@@ -9,6 +9,8 @@ paying for it through HTTP (none of them is part of Nomad or of `/_sim`):
   Poseidon's layout (`controller.nomad.jobs`), exactly as the controller
   would write them, directly on the simulator's loop;
 - `GET /_bench/status` counts jobs, allocations and running allocations;
+- `GET /_bench/processes?alloc=ID` lists the live processes an allocation's
+  executions left (by the simulator's marker, and as root by its uid);
 - `POST /_bench/touch {"ids", "kind"}` changes runners as another writer or
   the cluster would: `job` re-registers each job with one more meta key (a
   new JobModifyIndex; the allocation is updated in place), `crash` makes each
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import signal
 import threading
@@ -38,6 +41,24 @@ from nomadsim import SimConfig, SimServer, Simulator
 from tests.support.sim import TOPOLOGY
 
 NAMESPACE = "default"
+
+
+def live_processes_of(uid: int) -> list[int]:
+    """Processes of `uid` that are not zombies (an orphan's waits for init)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            pids.append(int(name))
+    return pids
 
 
 def _environment(env_id: int, pool: int) -> Environment:
@@ -113,7 +134,18 @@ def bench_routes(sim: Simulator) -> list[Route]:
             touched += 1
         return JSONResponse({"index": sim.store.index, "touched": touched})
 
+    async def processes(request: Request) -> Response:
+        """Live processes an allocation's executions left: those carrying the
+        simulator's marker, and (as root) every process of its unprivileged uid."""
+        alloc_id = request.query_params["alloc"]
+        pids = set(sim.exec_processes(alloc_id))
+        if sim.driver.docker_users:
+            uid, _ = sim.driver.user_ids(alloc_id)
+            pids.update(live_processes_of(uid))
+        return JSONResponse({"pids": sorted(pids)})
+
     return [
+        Route("/_bench/processes", processes, methods=["GET"]),
         Route("/_bench/seed", seed, methods=["POST"]),
         Route("/_bench/status", status, methods=["GET"]),
         Route("/_bench/touch", touch, methods=["POST"]),

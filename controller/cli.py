@@ -150,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="require this X-Nomad-Token on every /v1 request (403 otherwise)",
     )
     _topology_arguments(sim)
+    sim.add_argument(
+        "--no-docker-stdin-close-on-exit",
+        dest="docker_stdin_close_on_exit",
+        action="store_false",
+        help="keep an exec's stdin open after its output ended (Nomad >= 1.9); by default, "
+        "as Nomad <= 1.8 with Docker, input sent then ends the exec without its exit frame",
+    )
     commands.add_parser(
         "run",
         help="run the controller against the Nomad named by NOMAD_ADDR",
@@ -209,6 +216,7 @@ def run_sim(args: argparse.Namespace) -> int:
         heartbeat_interval_ms=args.heartbeat_interval * 1000,
         migration_ordering=args.migration_ordering,
         **_topology(args),
+        docker_stdin_close_on_exit=args.docker_stdin_close_on_exit,
     )
     try:
         server = SimServer(config, host=args.host, port=args.port)

@@ -221,6 +221,7 @@ Boolean = Annotated[bool, BeforeValidator(_boolean)]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 LogFormat = Literal["json", "text", "auto"]
 PrewarmPolicy = Literal["static", "adaptive"]
+BrokenEnd = Literal["error", "exit0"]
 
 # Nomad's own rules (nomad/structs): namespace names and variable paths.
 _NAMESPACE = re.compile(r"[a-zA-Z0-9-]{1,128}")
@@ -361,6 +362,23 @@ class Settings(BaseSettings):
         description="Deliver stderr of interactive executions as stderr frames (a second "
         "exec reads it); false merges it into stdout.",
         json_schema_extra=_allowed(_BOOLEAN),
+    )
+    # Where a client sees us differ from Poseidon (README, "Migrating from Poseidon").
+    exec_broken_end: Annotated[BrokenEnd, BeforeValidator(_lower)] = Field(
+        default="error",
+        alias="NRC_EXEC_BROKEN_END",
+        description="How an execution ends whose Nomad exec broke off without an exit code "
+        "(runner not lost): error sends an error frame saying so; exit0 sends exit 0, as "
+        "Poseidon does.",
+        json_schema_extra=_allowed("error or exit0 (any case)"),
+    )
+    exec_signal_loss_window_s: Duration = Field(
+        default=0.5,
+        alias="NRC_EXEC_SIGNAL_LOSS_WINDOW",
+        ge=0,
+        description="After an exit code of 128 or more, how long Nomad is read again for a "
+        "loss of the runner (an OOM kill) before the exit code is sent; Poseidon waits 1s.",
+        json_schema_extra=_allowed(f"a duration of 0 or more, {_DURATION_FORMS}", duration=True),
     )
     execution_id_ttl_s: Duration = Field(
         default=300.0,
@@ -700,6 +718,8 @@ class Settings(BaseSettings):
                 separate_stderr=self.exec_separate_stderr,
             ),
             id_ttl_s=self.execution_id_ttl_s,
+            broken_as_exit_zero=self.exec_broken_end == "exit0",
+            signal_loss_window_s=self.exec_signal_loss_window_s,
         )
 
     def file_settings(self) -> FileSettings:

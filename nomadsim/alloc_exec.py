@@ -19,7 +19,9 @@ Go's text (the command runs on). Out: `{"stdout":{"data":…}}` /
 `{"stderr":{"close":true}}`, then `{"exited":true,"result":{"exit_code":N}}`
 (`"result":{}` for 0), after which the connection is closed WITHOUT a close
 frame, as Nomad's `ws.Close()` does. A client that goes away leaves its
-command running (driver.py).
+command running (driver.py). Under Docker's stdin rule (Nomad <= 1.8, on by
+default) input sent once the command's output has ended takes the exit
+frame's place: the connection drops without it, and without a close frame.
 
 The simulator's knobs apply as to any /v1 route: `http_latency_ms` before the
 upgrade, `http_error_rate` as close 1011 `No cluster leader` after it.
@@ -311,6 +313,12 @@ async def _pump_output(websocket: WebSocket, execution: Execution) -> bool:
     frames = execution.frames
     while True:
         texts, last = await frames.get()
+        if last and execution.broken is not None:
+            # Docker's stdin rule broke the exec: its error takes the exit
+            # frame's place, and that error ("closed pipe") drops the connection.
+            return False
+        if last:
+            execution.exit_sent = True
         try:
             for text in texts:
                 await websocket.send_text(text)

@@ -51,6 +51,13 @@ class SimConfig:
     # Nomad's per-client connection limits (connlimit.py); 0 = unlimited.
     http_max_conns_per_client: int = 100
     rpc_max_conns_per_client: int = 100
+    # As root: exec'd commands run as a Docker exec does (the container's
+    # user, Docker's default capabilities as the bounding set) and setuser
+    # switches to a real unprivileged uid. Off, or not root: as the simulator.
+    docker_users: bool = True
+    # Nomad <= 1.8 with Docker: once an exec's output has ended its stdin is
+    # closed, and input sent then ends the exec without its exit frame.
+    docker_stdin_close_on_exit: bool = True
 
 
 @dataclass

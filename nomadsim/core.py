@@ -59,7 +59,11 @@ class Simulator:
         self.ports = Ports()
         self.presenter = Presenter(store, self.ports)
         self.broker = EventBroker(self.presenter.alloc_event, self.config.event_buffer_size)
-        self.driver = Driver(store)
+        self.driver = Driver(
+            store,
+            docker_users=self.config.docker_users,
+            docker_stdin_close=self.config.docker_stdin_close_on_exit,
+        )
         for listener in (self.broker.on_commit, self.driver.on_commit, self.presenter.on_commit):
             store.add_listener(listener)
         self.scheduler = Scheduler(

@@ -1,7 +1,11 @@
 """The simulator's task driver: like Nomad's `raw_exec`, it runs what
 `/v1/client/allocation/:id/exec` asks for as real child processes of the
-simulator, on this host, as the simulator's own user and WITHOUT isolation
-(docs/simulator.md says what that means).
+simulator, on this host, WITHOUT isolation (docs/simulator.md says what that
+means). As root it runs them as a Docker exec would (`Identity`): as the
+container's user with Docker's default capabilities as the bounding set, and
+its `setuser` stand-in switches to a real uid of the allocation's own; it
+also keeps Docker's stdin rule of Nomad <= 1.8 (`Execution.broken`). Not
+root, everything runs as the simulator's own user.
 
 It follows the task states the client writes (a state store listener, as
 Nomad's task runner drives its driver; it never calls the scheduler). Every
@@ -19,18 +23,21 @@ runs on a real pseudo-terminal, so the kernel echoes input, turns `\\n` into
 `\\r\\n`, merges stderr into stdout and turns 0x1C into SIGQUIT; without one
 it has three pipes. Output is read without blocking on the simulator's event
 loop and the exit is learnt from a pidfd: no thread runs per execution. A
-client that goes away does not stop its process (Nomad's does not either):
-the output is read and dropped until the process ends."""
+client that goes away does not stop its process (Nomad's does not either),
+and its output is no longer read (as Nomad's): a process that writes on
+blocks once the pipe is full."""
 
 from __future__ import annotations
 
 import asyncio
 import atexit
 import contextlib
+import ctypes
 import errno
 import fcntl
 import logging
 import os
+import random
 import re
 import shutil
 import signal
@@ -43,6 +50,7 @@ import uuid
 import weakref
 from binascii import b2a_base64
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from nomadsim.encode import group_of
@@ -81,17 +89,76 @@ EOF_CHAR = b"\x04"
 MARKER = "NOMADSIM_ALLOC_ID"
 INSTANCE_MARKER = "NOMADSIM_INSTANCE"
 
+# The exec's environment names the allocation's unprivileged account for
+# `setuser` (uid:gid:home) when the simulator runs as root.
+USER_IDS = "NOMADSIM_USER_IDS"
+
 SETUSER = """#!/bin/sh
 # nomad-sim: stands in for phusion baseimage's /sbin/setuser, which Poseidon
-# wraps unprivileged commands in. It does not change users: it drops the user
-# name and runs the rest as the simulator's own user.
+# wraps unprivileged commands in. Run by root in a simulator running as root,
+# it switches to the allocation's unprivileged account (a real uid, no host
+# account) as phusion's does: groups cleared, USER and HOME set. Otherwise it
+# drops the user name and runs the rest as the caller's own user.
 if [ "$#" -lt 2 ]; then
     echo "Usage: setuser USERNAME COMMAND [args..]" >&2
     exit 1
 fi
+name=$1
 shift
+if [ "$name" != root ] && [ -n "$NOMADSIM_USER_IDS" ] && [ "$(id -u)" = 0 ]; then
+    ids=$NOMADSIM_USER_IDS
+    uid=${ids%%:*}; rest=${ids#*:}; gid=${rest%%:*}; home=${rest#*:}
+    export USER="$name" LOGNAME="$name" HOME="$home"
+    exec setpriv --reuid="$uid" --regid="$gid" --clear-groups -- "$@"
+fi
 exec "$@"
 """
+
+# Docker's default capability set (moby's oci/caps defaults), which Nomad's
+# docker driver keeps (`allow_caps`): an exec'd process gets it as its
+# bounding set. Neither SYS_PTRACE nor SYS_ADMIN is in it.
+DOCKER_CAPS = (
+    "chown",
+    "dac_override",
+    "fsetid",
+    "fowner",
+    "mknod",
+    "net_raw",
+    "setgid",
+    "setuid",
+    "setfcap",
+    "setpcap",
+    "net_bind_service",
+    "sys_chroot",
+    "kill",
+    "audit_write",
+)
+# Their numbers (linux/capability.h).
+_CAP_NUMBERS = {
+    "chown": 0,
+    "dac_override": 1,
+    "fowner": 3,
+    "fsetid": 4,
+    "kill": 5,
+    "setgid": 6,
+    "setuid": 7,
+    "setpcap": 8,
+    "net_bind_service": 10,
+    "net_raw": 13,
+    "sys_chroot": 18,
+    "mknod": 27,
+    "audit_write": 29,
+    "setfcap": 31,
+}
+_PR_CAPBSET_DROP = 24
+# Unprivileged accounts: each allocation gets a uid (and gid) of its own
+# from a block picked at random per simulator, so that `kill -9 -1` as that
+# user reaches only the allocation's processes, as a container's own PID
+# namespace scopes it under Docker (and two simulators on one host do not
+# meet). The ids are above any host account's and need none.
+_UID_FLOOR = 1 << 30
+_UID_BLOCK = 1 << 16
+_UID_BLOCKS = 1 << 14
 
 
 class ExecRefused(Exception):
@@ -134,11 +201,51 @@ def _default_signals() -> None:
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
-def _take_controlling_tty() -> None:
-    # Runs in the child between fork and exec (after setsid, with the
-    # terminal already on fd 0): system calls only, nothing imported.
-    _default_signals()
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+@dataclass(frozen=True)
+class Identity:
+    """Who an exec'd process is under Docker: the container's user (uid, gid)
+    with Docker's default capabilities as its bounding set."""
+
+    uid: int
+    gid: int
+
+
+def _caps_to_drop() -> list[int]:
+    try:
+        last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    except (OSError, ValueError):
+        last = 40
+    keep = {_CAP_NUMBERS[name] for name in DOCKER_CAPS}
+    return [cap for cap in range(last + 1) if cap not in keep]
+
+
+def _child_setup(tty: bool, identity: Identity | None) -> Callable[[], None]:
+    """What runs in the child between fork and exec: default signals, the
+    terminal as controlling tty, then (as a Docker exec) the capability
+    bounding set cut to Docker's and the container's user. Everything it
+    needs is looked up here, before the fork."""
+    drop = _caps_to_drop() if identity is not None else []
+    prctl = None
+    if identity is not None:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        prctl.restype = ctypes.c_int
+
+    def setup() -> None:
+        _default_signals()
+        if tty:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        if identity is None or prctl is None:
+            return
+        for cap in drop:
+            if prctl(_PR_CAPBSET_DROP, cap, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+        if identity.uid != 0 or identity.gid != 0:
+            os.setgroups([])
+            os.setgid(identity.gid)
+            os.setuid(identity.uid)
+
+    return setup
 
 
 # -- finding and killing marked processes -----------------------------------------
@@ -193,6 +300,38 @@ def kill_marked(instance: str, alloc_id: str | None = None) -> None:
                 os.close(pidfd)
 
 
+def kill_user(uid: int) -> None:
+    """SIGKILL every process of `uid` (an allocation's own unprivileged
+    account: what the marker misses, such as a process that cleared its
+    environment). Pinned with a pidfd and checked again, as `kill_marked`."""
+    for _ in range(3):
+        pids = []
+        with os.scandir("/proc") as entries:
+            for entry in entries:
+                if entry.name.isdigit() and _owner(int(entry.name)) == uid:
+                    pids.append(int(entry.name))
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            try:
+                if _owner(pid) == uid:
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            finally:
+                os.close(pidfd)
+
+
+def _owner(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
 # -- one execution -------------------------------------------------------------------
 
 
@@ -229,6 +368,7 @@ class Execution:
         tty: bool,
         stdin_fd: int,
         outputs: list[tuple[str, int]],
+        docker_stdin_close: bool = False,
     ) -> None:
         self.driver = driver
         self.alloc_id = alloc_id
@@ -249,6 +389,14 @@ class Execution:
         self._stdin_room = asyncio.Event()
         self._stdin_room.set()
         self._paused = False
+        # Docker's stdin rule (Nomad <= 1.8, go-dockerclient): once the output
+        # has ended the exec's stdin pipe is closed; input then waiting or
+        # arriving fails Nomad's write, and that error replaces the exit frame.
+        self.docker_stdin_close = docker_stdin_close
+        self._stdin_shut = False
+        self._input_lost = False
+        self.broken: str | None = None
+        self.exit_sent = False  # the client's side sent the exit frame
         self._deadline: asyncio.TimerHandle | None = None
         self._poll: asyncio.TimerHandle | None = None
         os.set_blocking(stdin_fd, False)
@@ -335,6 +483,8 @@ class Execution:
         closes it after the process has exited, too)."""
         self._stop_reading(stream)
         stream.ended = True
+        if self.docker_stdin_close and all(s.ended for s in self._streams):
+            self._shut_stdin()
         if not (self.tty and self.exit_code is None):
             self._release(stream)
         if not stream.announced:
@@ -376,6 +526,9 @@ class Execution:
         self.exit_code = 128 - returncode if returncode < 0 else returncode
         if not self.tty:
             # Nomad's executor closes the command's stdin once it has exited.
+            # Under Docker's rule, input still waiting then was a write that
+            # blocks until the pipe closes under it.
+            self._input_lost = bool(self._stdin_buffer)
             self._drop_stdin()
         for stream in self._streams:
             if stream.ended:
@@ -418,8 +571,32 @@ class Execution:
 
     # -- input -----------------------------------------------------------------------
 
+    def _shut_stdin(self) -> None:
+        """Docker's rule: the output has ended, the exec's stdin pipe closes.
+        A write waiting on it fails."""
+        if self._stdin_shut:
+            return
+        self._stdin_shut = True
+        if self._stdin_buffer or self._input_lost:
+            self._break()
+        self._drop_stdin()
+
+    def _break(self) -> None:
+        """Nomad's write of stdin failed (`io: read/write on closed pipe`): that
+        error takes the exit frame's place. It contains "closed", so Nomad's
+        HTTP agent sends no close frame: the connection just drops."""
+        if self.broken is not None or self.exit_sent:
+            return
+        self.broken = "io: read/write on closed pipe"
+        if not self.finished:
+            self._emit([], last=True)
+
     def write(self, data: bytes) -> None:
-        """Queue bytes for the command's stdin (dropped once stdin is closed)."""
+        """Queue bytes for the command's stdin (dropped once stdin is closed;
+        under Docker's rule, ending the exec once its output has ended)."""
+        if self._stdin_shut and data:
+            self._break()
+            return
         if self._stdin_fd is None or self._stdin_closing or not data:
             return
         self._stdin_buffer += data
@@ -487,13 +664,19 @@ class Execution:
     # -- the client and the end ------------------------------------------------------
 
     def detach(self) -> None:
-        """The client went away: the command runs on, its output is dropped."""
+        """The client went away: the command runs on, and its output is no
+        longer read — Nomad's output loop stops at the first send that fails
+        (plugins/drivers/execstreaming.go), so a command that writes more
+        than the pipes hold blocks until it is killed. Once it has exited, what
+        is left is read and dropped as usual."""
         self.attached = False
         while not self.frames.empty():
             self.frames.get_nowait()
         self._waiting = 0
-        if self._paused:
-            self._resume()
+        self._paused = True
+        for stream in self._streams:
+            if not stream.announced:
+                self._stop_reading(stream)
 
     def kill(self) -> None:
         """SIGKILL the session. Only while the main process is not reaped: its
@@ -533,9 +716,21 @@ class Execution:
 
 
 class Driver:
-    def __init__(self, store: StateStore) -> None:
+    def __init__(
+        self, store: StateStore, docker_users: bool = True, docker_stdin_close: bool = True
+    ) -> None:
         self._store = store
         self.instance = uuid.uuid4().hex
+        # Users and capabilities as a Docker exec has them: only as root.
+        self.docker_users = docker_users and os.geteuid() == 0
+        if docker_users and not self.docker_users:
+            log.warning(
+                "the simulator does not run as root: exec'd commands run as its own user "
+                "with its capabilities, and setuser changes no user"
+            )
+        self.docker_stdin_close = docker_stdin_close
+        self._uid_base = _UID_FLOOR + random.SystemRandom().randrange(_UID_BLOCKS) * _UID_BLOCK
+        self._uids: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._root: Path | None = None
         self._root_lock = threading.Lock()
@@ -567,6 +762,9 @@ class Driver:
                 raise RuntimeError("simulator stopped")
             if self._root is None:
                 self._root = Path(tempfile.mkdtemp(prefix="nomad-sim-"))
+                if self.docker_users:
+                    # The unprivileged accounts reach setuser and the task directories.
+                    self._root.chmod(0o755)
             return self._root
 
     @property
@@ -590,7 +788,15 @@ class Driver:
         name = task.replace("/", "_").replace("\0", "_")
         workdir = alloc_dir / ("_" + name if name in ("", ".", "..") else name)
         (alloc_dir / "alloc").mkdir(parents=True, exist_ok=True)
+        created = not workdir.exists()
         workdir.mkdir(exist_ok=True)
+        if created and self.docker_users:
+            # World-writable with the sticky bit, as openHPI images' WORKDIR
+            # /workspace: the unprivileged user writes there too.
+            for path in (self.root / "allocs", alloc_dir):
+                path.chmod(0o755)
+            (alloc_dir / "alloc").chmod(0o1777)
+            workdir.chmod(0o1777)
         self._with_dir.add(alloc.id)
         return workdir
 
@@ -664,6 +870,35 @@ class Driver:
         if alloc_id in self._with_processes:
             self._with_processes.discard(alloc_id)
             kill_marked(self.instance, alloc_id)
+            uid = self._uids.get(alloc_id)
+            if uid is not None:
+                kill_user(uid)
+
+    def user_ids(self, alloc_id: str) -> tuple[int, int]:
+        """The allocation's unprivileged account (uid, gid): the image's
+        `user`, which setuser switches to."""
+        uid = self._uids.get(alloc_id)
+        if uid is None:
+            uid = self._uid_base + len(self._uids) % _UID_BLOCK
+            self._uids[alloc_id] = uid
+        return uid, uid
+
+    def _identity(self, alloc_id: str, spec: JsonDict) -> Identity | None:
+        """The container's user, as the task's `user` sets it (Docker's exec
+        runs as the container's user; the image's USER is root in openHPI's
+        images): root when unset, `uid[:gid]` as given, any other name the
+        allocation's unprivileged account. None without Docker's users."""
+        if not self.docker_users:
+            return None
+        user = str(spec.get("User") or "")
+        if user in ("", "root", "0", "0:0"):
+            return Identity(0, 0)
+        numeric = re.fullmatch(r"(\d+)(?::(\d+))?", user)
+        if numeric:
+            uid = int(numeric.group(1))
+            return Identity(uid, int(numeric.group(2) or uid))
+        uid, gid = self.user_ids(alloc_id)
+        return Identity(uid, gid)
 
     def retire(self, execution: Execution) -> None:
         executions = self._executions.get(execution.alloc_id)
@@ -733,8 +968,12 @@ class Driver:
             raise ExecRefused(404, f"task {quote(task)} is not running.")
         workdir = self._make_task_dir(alloc, task)
         env = self._environment(alloc, spec, workdir)
+        identity = self._identity(alloc.id, spec)
+        if identity is not None:
+            uid, gid = self.user_ids(alloc.id)
+            env[USER_IDS] = f"{uid}:{gid}:{workdir}"
         try:
-            execution = self._spawn(alloc.id, command, tty, workdir, env)
+            execution = self._spawn(alloc.id, command, tty, workdir, env, identity)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             # As raw_exec's executor plugin answers over gRPC.
             raise ExecRefused(
@@ -777,7 +1016,13 @@ class Driver:
         return env
 
     def _spawn(
-        self, alloc_id: str, command: list[str], tty: bool, workdir: Path, env: dict[str, str]
+        self,
+        alloc_id: str,
+        command: list[str],
+        tty: bool,
+        workdir: Path,
+        env: dict[str, str],
+        identity: Identity | None,
     ) -> Execution:
         if tty:
             master, slave = os.openpty()
@@ -790,14 +1035,16 @@ class Driver:
                     cwd=workdir,
                     env=env,
                     start_new_session=True,
-                    preexec_fn=_take_controlling_tty,
+                    preexec_fn=_child_setup(True, identity),
                 )
             except BaseException:
                 os.close(master)
                 raise
             finally:
                 os.close(slave)
-            return Execution(self, alloc_id, process, True, master, [("stdout", master)])
+            return Execution(
+                self, alloc_id, process, True, master, [("stdout", master)], self.docker_stdin_close
+            )
         parent: list[int] = []
         child: list[int] = []
         try:
@@ -813,7 +1060,7 @@ class Driver:
                 cwd=workdir,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_default_signals,
+                preexec_fn=_child_setup(False, identity),
             )
         except BaseException:
             _close_all(parent)
@@ -822,7 +1069,13 @@ class Driver:
             _close_all(child)
         stdin, stdout, stderr = parent
         return Execution(
-            self, alloc_id, process, False, stdin, [("stdout", stdout), ("stderr", stderr)]
+            self,
+            alloc_id,
+            process,
+            False,
+            stdin,
+            [("stdout", stdout), ("stderr", stderr)],
+            self.docker_stdin_close,
         )
 
     # -- stopping ----------------------------------------------------------------------

@@ -109,3 +109,9 @@ def test_sim_help_lists_every_migration_ordering(capsys: pytest.CaptureFixture[s
     for ordering in ORDERINGS:
         args = build_parser().parse_args(["sim", "--migration-ordering", ordering])
         assert args.migration_ordering == ordering
+
+
+def test_sim_closes_exec_stdin_on_exit_as_docker_unless_told_not_to() -> None:
+    assert build_parser().parse_args(["sim"]).docker_stdin_close_on_exit is True
+    args = build_parser().parse_args(["sim", "--no-docker-stdin-close-on-exit"])
+    assert args.docker_stdin_close_on_exit is False

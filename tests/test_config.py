@@ -52,6 +52,8 @@ ALL_VARIABLES = [
     "NRC_EXEC_TASK",
     "NRC_EXEC_UNPRIVILEGED_WRAPPER",
     "NRC_EXEC_SEPARATE_STDERR",
+    "NRC_EXEC_BROKEN_END",
+    "NRC_EXEC_SIGNAL_LOSS_WINDOW",
     "NRC_EXECUTION_ID_TTL",
     "NRC_FILES_MAX_UPLOAD",
     "NRC_RESYNC_INTERVAL",
@@ -974,3 +976,15 @@ def test_prewarming_settings_refused(var: str, value: str, said: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_settings({var: value})
     assert said in str(info.value) and var in str(info.value)
+
+
+def test_where_we_differ_from_poseidon_is_a_setting() -> None:
+    default = load_settings({}).execution_settings()
+    assert (default.broken_as_exit_zero, default.signal_loss_window_s) == (False, 0.5)
+    poseidon = load_settings(
+        {"NRC_EXEC_BROKEN_END": "EXIT0", "NRC_EXEC_SIGNAL_LOSS_WINDOW": "1s"}
+    ).execution_settings()
+    assert (poseidon.broken_as_exit_zero, poseidon.signal_loss_window_s) == (True, 1.0)
+    assert problems_of({"NRC_EXEC_BROKEN_END": "zero"}) == [
+        'NRC_EXEC_BROKEN_END: must be error or exit0 (any case) (got "zero")'
+    ]

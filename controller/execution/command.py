@@ -20,9 +20,9 @@ layers, innermost first:
 
 The main exec runs with a TTY (interactive: echo, `\\r\\n`, Ctrl-\\ is
 SIGQUIT); the stderr reader runs without one, its stdout being the command's
-stderr. `kill_command` ends every process carrying the execution's marker,
-wherever it sits in the process tree (a program that clears its environment
-escapes it; see docs/architecture.md).
+stderr. `kill_command` ends an execution's processes without CAP_SYS_PTRACE:
+every process of the unprivileged user, killed as that user, when nothing
+else uses the runner; else those carrying the marker (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -110,17 +110,58 @@ def stderr_command(
     return as_client(reader, request.privileged, settings, execution_id)
 
 
-def kill_command(execution_id: str) -> list[str]:
-    """The argv of an exec (as root, without a TTY) that SIGKILLs every process
-    carrying the execution's marker: the whole process tree of the execution,
-    however deep, background jobs and the stderr reader included."""
-    marker = shlex.quote(f"{MARKER}={execution_id}")
-    script = (
-        "for e in /proc/[0-9]*/environ; do "
-        f"if tr '\\0' '\\n' < \"$e\" 2>/dev/null | grep -qxF {marker}; then "
-        'p=${e#/proc/}; kill -9 "${p%/environ}" 2>/dev/null; fi; done; exit 0'
+def _scan(marker: str) -> str:
+    """SIGKILL every process whose environment carries `marker` and that this
+    shell may read: its own uid's always, another uid's only with
+    CAP_SYS_PTRACE (which Docker's default capabilities lack). One grep over
+    every environment (NUL-separated entries) rather than one per process."""
+    return (
+        f"for e in $(grep -lxzF {marker} /proc/[0-9]*/environ 2>/dev/null); do "
+        'p=${e#/proc/}; kill -9 "${p%/environ}" 2>/dev/null; done'
     )
-    return ["/bin/sh", "-c", script]
+
+
+def kill_command(
+    execution_id: str, settings: ExecSettings | None = None, sweep_user: bool = False
+) -> list[str]:
+    """The argv of an exec (as the container's user, root, without a TTY)
+    that ends an execution's processes (see docs/architecture.md, "Ending an
+    execution"):
+
+    1. through the unprivileged wrapper, as the unprivileged user (who reads
+       its own processes' environment without any capability):
+       - with `sweep_user` (no other use of the runner in flight): every
+         process of that user, `kill -9 -1` — which spares only the caller
+         and nothing the student can change (no marker, no session, no
+         process group): setsid children, double forks, processes that
+         cleared their environment, the stderr reader, a reader waiting for
+         a command that never came. Only when the wrapper really changed the
+         user (its uid differs from the exec's own and is not root): `kill -1`
+         as root, or as the simulator's own user, would reach far too much;
+       - otherwise: every process of that user carrying the marker;
+    2. as root: every process carrying the execution's marker that root can
+       see — a privileged execution's (same uid; no CAP_SYS_PTRACE needed);
+       then the stderr FIFO is removed (a reader killed while it waited for
+       the command's side leaves it).
+    """
+    marker = shlex.quote(f"{MARKER}={execution_id}")
+    # A reader killed while it waited for the command's side leaves its FIFO.
+    fifo = f"rm -f -- {shlex.quote(fifo_path(execution_id))}"
+    wrapper = settings.unprivileged_wrapper if settings is not None else ()
+    if not wrapper:
+        return ["/bin/sh", "-c", f"{_scan(marker)}; {fifo}; exit 0"]
+    sweep = "1" if sweep_user else "0"
+    inner = (
+        f'if [ "$2" = 1 ] && [ "$EUID" != 0 ] && [ "$EUID" != "$1" ]; then '
+        "kill -9 -1 2>/dev/null; kill -9 -1 2>/dev/null; exit 0; fi; "
+        f"{_scan(marker)}; exit 0"
+    )
+    # The user's side first (what a timeout is mostly about), then root's.
+    outer = (
+        f'{shlex.join(wrapper)} /bin/bash -c {shlex.quote(inner)} nrc-kill "$EUID" {sweep}; '
+        f"{_scan(marker)}; {fifo}; exit 0"
+    )
+    return ["/bin/bash", "-c", outer]
 
 
 def parse_wrapper(text: str) -> tuple[str, ...]:

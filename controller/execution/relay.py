@@ -21,7 +21,10 @@ execution flows"):
    After the terminal frame the client is closed with 1000.
 4. On a timeout or a disconnect the command's whole process tree is ended in
    the background: Ctrl-\\ through the TTY (SIGQUIT to its foreground group),
-   then an exec that SIGKILLs every process carrying the execution's marker.
+   then an exec that SIGKILLs, as the unprivileged user, every process of
+   that user when nothing else uses the runner — else every process carrying
+   the execution's marker (`command.kill_command`; no CAP_SYS_PTRACE needed).
+   The same kill ends one side of a pair of execs whose other side failed.
    If the command's exec has still not ended 3 s after the limit, the runner is
    stopped and its claim ended as `execution_not_stopped`: its client is told
    (410) rather than handed a runner with a runaway process.
@@ -59,6 +62,7 @@ from controller.execution.store import Execution
 from controller.metrics import Metrics
 from controller.model import LossReason
 from controller.nomad.exec import (
+    ExecBroken,
     ExecError,
     ExecEvent,
     ExecForbidden,
@@ -105,6 +109,9 @@ class Runners(Protocol):
 
     def end_use(self, runner_id: str) -> None: ...
 
+    def uses(self, runner_id: str) -> int:
+        """Executions and file operations in flight on the runner (begun, not ended)."""
+
     def stop_runner(self, runner_id: str, reason: LossReason) -> None:
         """End the claim with `reason` and stop the runner's job (blocking)."""
 
@@ -129,6 +136,12 @@ class RelaySettings:
     stderr_drain_s: float = 1.0  # after the exit: stderr still arriving
     settle_s: float = 2.0  # an abnormal end waits this long for a loss to show
     loss_poll_s: float = 0.2
+    # Where we differ from Poseidon, as settings (README, "Migrating from Poseidon"):
+    # an exit by a signal (>= 128) looks for a loss this long (Poseidon: 1 s, for 128);
+    signal_loss_window_s: float = 0.5
+    # an exec broken off without an exit code (runner not lost) is exit 0 (Poseidon)
+    # rather than an error frame.
+    broken_as_exit_zero: bool = False
 
 
 class Relay:
@@ -348,10 +361,18 @@ class _Run:
         try:
             code = main.result()
         except ExecError as exc:
-            return await self._explain(exc)
+            outcome = await self._explain(exc)
+            if (
+                isinstance(outcome, Failed)
+                and isinstance(exc, ExecBroken)
+                and self.relay.settings.broken_as_exit_zero
+            ):
+                # Poseidon's answer: a stream that ended without its exit code is exit 0.
+                return Exit(0)
+            return outcome
         if code >= 128:
             # Killed by a signal: perhaps with its allocation (OOM, drain, stop).
-            lost = await self._settled_loss(self.relay.settings.settle_s / 4)
+            lost = await self._settled_loss(self.relay.settings.signal_loss_window_s)
             if lost is not None:
                 return lost
         return Exit(code)
@@ -426,11 +447,14 @@ class _Run:
             self.relay._runners.end_use(self.runner_id)
 
     async def _kill_marked(self) -> None:
+        """End the execution's processes (`command.kill_command`): all of the
+        unprivileged user's when this execution is the runner's only use in
+        flight (its own use still counts here), else those with its marker."""
         s = self.relay.settings.exec
+        alone = self.relay._runners.uses(self.runner_id) <= 1
+        argv = kill_command(self.execution.id, s, sweep_user=alone)
         try:
-            session = await self.relay._execs.open(
-                self.alloc_id, s.task, kill_command(self.execution.id), tty=False
-            )
+            session = await self.relay._execs.open(self.alloc_id, s.task, argv, tty=False)
         except ExecError as exc:
             log.info("could not end execution %s: %s", self.execution.id, exc.reason)
             return

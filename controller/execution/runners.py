@@ -43,6 +43,9 @@ class ControllerRunners:
     def end_use(self, runner_id: str) -> None:
         self._controller.end_use(runner_id)
 
+    def uses(self, runner_id: str) -> int:
+        return self._controller.uses(runner_id)
+
     def stop_runner(self, runner_id: str, reason: LossReason) -> None:
         """End the claim with `reason` (the job is stopped with it: Nomad kills
         everything in the allocation). Nothing to do when it already ended."""

@@ -19,6 +19,8 @@ class ExecutionSettings:
 
     exec: ExecSettings = field(default_factory=ExecSettings)
     id_ttl_s: float = 300.0
+    broken_as_exit_zero: bool = False
+    signal_loss_window_s: float = 0.5
 
 
 @dataclass
@@ -45,6 +47,10 @@ def executions(
         execs if execs is not None else NoExec(),
         ControllerRunners(controller),
         controller.metrics,
-        RelaySettings(exec=s.exec),
+        RelaySettings(
+            exec=s.exec,
+            broken_as_exit_zero=s.broken_as_exit_zero,
+            signal_loss_window_s=s.signal_loss_window_s,
+        ),
     )
     return Executions(relay, ExecutionStore(controller.clock, s.id_ttl_s))

@@ -10,7 +10,9 @@ need bash and GNU coreutils, findutils and tar, as Poseidon's images have.
   checks (`f<path>`: must not be a directory; `d<path>`: must be one if it
   exists), an empty record, then the tar archive. Deletions run first, `./*`
   unquoted so that its glob expands. A failed check prints `f<path>` or
-  `d<path>` (NUL-terminated) and exits CONFLICT before anything is copied.
+  `d<path>` (NUL-terminated), reads the rest of its input (the archive) and
+  exits CONFLICT before anything is copied: under Docker's exec (Nomad <= 1.8)
+  input still on its way when the output ends turns the exit into an error.
   Otherwise tar extracts; any failure (of rm or tar) exits 1 with its
   message on stderr, after everything that could be written is written.
 - list: the path and `1`/`0` (recursive); GNU find prints seven
@@ -26,9 +28,10 @@ without Nomad's variables.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterator
 
-from controller.execution.command import ExecSettings, as_client
+from controller.execution.command import MARKER, ExecSettings, as_client
 from controller.files.paths import ancestors, to_bytes
 from controller.files.upload import Upload
 
@@ -53,7 +56,9 @@ while IFS= read -r -d '' c && [ -n "$c" ]; do
   elif [ -e "$p" ] && [ ! -d "$p" ]; then printf '%s\0' "$c"; conflict=1
   fi
 done
-[ "$conflict" = 0 ] || exit 3
+# Refusing, it still reads its input to the end: under Docker (Nomad <= 1.8)
+# input left unread when the output ends replaces the exit code with an error.
+[ "$conflict" = 0 ] || { cat >/dev/null; exit 3; }
 tar --extract --absolute-names --preserve-permissions --file=- || failed=1
 exit "$failed"
 """
@@ -81,16 +86,18 @@ tail -c "+$((start + 1))" -- "$p" | head -c "$length"
 """
 
 
-def copy_command() -> list[str]:
-    return ["/bin/bash", "-c", COPY]
+def copy_command(marker: str | None = None) -> list[str]:
+    """The copy, as root; with `marker`, its processes carry it (`MARKER`)."""
+    export = f"export {shlex.quote(f'{MARKER}={marker}')}\n" if marker else ""
+    return ["/bin/bash", "-c", export + COPY]
 
 
-def list_command(privileged: bool, settings: ExecSettings) -> list[str]:
-    return as_client(LIST, privileged, settings)
+def list_command(privileged: bool, settings: ExecSettings, marker: str | None = None) -> list[str]:
+    return as_client(LIST, privileged, settings, marker)
 
 
-def read_command(privileged: bool, settings: ExecSettings) -> list[str]:
-    return as_client(READ, privileged, settings)
+def read_command(privileged: bool, settings: ExecSettings, marker: str | None = None) -> list[str]:
+    return as_client(READ, privileged, settings, marker)
 
 
 def _record(path: str) -> bytes:

@@ -10,6 +10,10 @@ off the exec: the caller checks whether the runner was lost). A stream cut
 off after its answer started raises `Interrupted`: the server then ends the
 response early, so the client sees an incomplete body, never a short one
 that looks whole.
+
+An operation given up on before its command exited (the client went away,
+an error, a cancellation) has its processes killed in the background by the
+executions' kill, by a marker of its own (`_Operation`, `command.kill_command`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import contextlib
 import itertools
 import logging
 import time
+import uuid
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -30,7 +35,7 @@ from collections.abc import (
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.execution.command import ExecSettings
+from controller.execution.command import ExecSettings, kill_command
 from controller.execution.relay import Execs, Session
 from controller.files import listing, scripts
 from controller.files.listing import Entry, Records
@@ -45,6 +50,7 @@ log = logging.getLogger(__name__)
 STDIN_FRAME = 32 * 1024  # what Go's io.Copy (Nomad's own exec client) sends at once
 KEEP_OUTPUT = 64 * 1024  # of a failing command's output, for its message
 BODY_CHUNK = 64 * 1024
+KILL_TIMEOUT_S = 5.0  # the kill exec of an abandoned operation
 
 
 @dataclass(frozen=True)
@@ -149,18 +155,55 @@ class Files:
         self._metrics = metrics
         self._settings = settings or FileSettings()
         self._wall_clock = wall_clock
+        self._pending: set[asyncio.Task[None]] = set()
 
-    async def _open(self, alloc_id: str, command: list[str]) -> Session:
+    async def _open(self, alloc_id: str, command: Callable[[str], list[str]]) -> Session:
+        """Open the exec of `command(marker)`: closed before its command was
+        seen to exit (given up on: a client gone, an error, a cancellation),
+        the processes carrying its marker are killed."""
+        marker = f"file-{uuid.uuid4().hex}"
         try:
-            return await self._execs.open(alloc_id, self._settings.exec.task, command, tty=False)
+            session = await self._execs.open(
+                alloc_id, self._settings.exec.task, command(marker), tty=False
+            )
         except ExecError as exc:
             raise ExecFailed(exc) from None
+        return _Operation(session, lambda: self._background(self._kill(alloc_id, marker)))
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def wait_background(self) -> None:
+        """Let kills that are under way finish (at shutdown, in tests)."""
+        while self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
+
+    async def _kill(self, alloc_id: str, marker: str) -> None:
+        """The executions' kill (`command.kill_command`) by the operation's
+        marker only: its scripts never leave it, and the unprivileged user's
+        other processes are not this operation's to end."""
+        argv = kill_command(marker, self._settings.exec, sweep_user=False)
+        try:
+            session = await self._execs.open(alloc_id, self._settings.exec.task, argv, tty=False)
+        except ExecError as exc:
+            log.info("could not end an abandoned file operation: %s", exc.reason)
+            return
+        try:
+            async with asyncio.timeout(KILL_TIMEOUT_S):
+                async for _ in session.events():
+                    pass
+        except (ExecError, TimeoutError):
+            pass
+        finally:
+            await session.close()
 
     # -- copy ------------------------------------------------------------------------
 
     async def copy(self, alloc_id: str, spool: int, upload: Upload) -> None:
         """Delete, then copy, as `upload` says (its contents in the spool `spool`)."""
-        session = await self._open(alloc_id, scripts.copy_command())
+        session = await self._open(alloc_id, scripts.copy_command)
         try:
             result = Captured()
             events = session.events()
@@ -184,7 +227,9 @@ class Files:
 
     async def listing(self, alloc_id: str, path: str, recursive: bool, privileged: bool) -> Listing:
         """The listing, once it is known to exist (NotFound otherwise)."""
-        session = await self._open(alloc_id, scripts.list_command(privileged, self._settings.exec))
+        session = await self._open(
+            alloc_id, lambda marker: scripts.list_command(privileged, self._settings.exec, marker)
+        )
         async with _closed_on_failure(session):
             events = session.events()
             await session.send(scripts.list_input(path, recursive))
@@ -199,7 +244,7 @@ class Files:
             else:
                 if result.code != 0:
                     raise NotFound(f"{path!r} cannot be listed: {result.message()}")
-        return Listing(self._listing_body(session, events, first, path, recursive))
+        return Listing(_Body(self._listing_body(session, events, first, path, recursive), session))
 
     async def _listing_body(
         self,
@@ -258,7 +303,9 @@ class Files:
     ) -> Download:
         """The file's size and the body to stream; NotFound, or Unsatisfiable
         (with the size) for a range beyond its end."""
-        session = await self._open(alloc_id, scripts.read_command(privileged, self._settings.exec))
+        session = await self._open(
+            alloc_id, lambda marker: scripts.read_command(privileged, self._settings.exec, marker)
+        )
         async with _closed_on_failure(session):
             events = session.events()
             await session.send(scripts.read_input(path))
@@ -286,7 +333,7 @@ class Files:
             await session.send(scripts.range_input(start, length))
             await session.close_stdin()
         body = self._download_body(session, events, rest, length, path)
-        return Download(size, mtime, span, body)
+        return Download(size, mtime, span, _Body(body, session))
 
     async def _download_body(
         self,
@@ -317,6 +364,64 @@ class Files:
             raise Interrupted(f"reading {path!r} broke off: {exc.reason}") from None
         finally:
             await session.close()
+
+
+class _Operation:
+    """A file operation's exec: a `Session` that calls `abandoned` when it is
+    closed before its command's exit was seen (Nomad and Docker leave an
+    exec's process running when its client goes: a read script waiting on
+    its input, a `tail` blocked writing, a copy's `rm -rf`)."""
+
+    def __init__(self, session: Session, abandoned: Callable[[], None]) -> None:
+        self._session = session
+        self._abandoned = abandoned
+        self._exited = False
+        self._closed = False
+
+    async def send(self, data: bytes) -> None:
+        await self._session.send(data)
+
+    async def close_stdin(self) -> None:
+        await self._session.close_stdin()
+
+    async def events(self) -> AsyncIterator[ExecEvent]:
+        async for event in self._session.events():
+            if isinstance(event, Exited):
+                self._exited = True
+            yield event
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._session.close()
+        finally:
+            if not self._exited:
+                self._abandoned()
+
+
+class _Body(AsyncGenerator[bytes, None]):
+    """A streamed body that owns its exec: closing it closes the exec even
+    when it was never read (a generator that never started runs no
+    `finally`), so an answer whose client left before its body still ends
+    its command."""
+
+    def __init__(self, body: AsyncGenerator[bytes, None], session: Session) -> None:
+        self._body = body
+        self._session = session
+
+    async def asend(self, value: None) -> bytes:
+        return await self._body.asend(value)
+
+    async def athrow(self, *args: Any) -> bytes:
+        return await self._body.athrow(*args)
+
+    async def aclose(self) -> None:
+        try:
+            await self._body.aclose()
+        finally:
+            await self._session.close()
 
 
 @contextlib.asynccontextmanager

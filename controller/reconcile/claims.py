@@ -295,6 +295,11 @@ class Claims:
             if runner_id not in self._expiring:
                 self._activity[runner_id] = self._clock.now_ns()
 
+    def uses(self, runner_id: str) -> int:
+        """Uses of the runner begun and not yet ended (executions, file operations)."""
+        with self._lock:
+            return self._busy.get(runner_id, 0)
+
     def begin_expiry(self, view: RunnerView, now_ns: int) -> bool:
         """Decide the release of an expired claim; False if it is not (or no
         longer) expired. From then on `touch` refuses the runner."""

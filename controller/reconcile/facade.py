@@ -178,3 +178,6 @@ class Pools:
 
     def end_use(self, runner_id: str) -> None:
         self._claims.end_use(runner_id)
+
+    def uses(self, runner_id: str) -> int:
+        return self._claims.uses(runner_id)

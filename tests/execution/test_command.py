@@ -150,3 +150,40 @@ def test_settings_helpers() -> None:
     assert parse_wrapper("") == ()
     names = ["A", "_b9", "9x", "a-b"]
     assert [n for n in names if not ENV_NAME.fullmatch(n)] == ["9x", "a-b"]
+
+
+def _name(pid: int) -> str:
+    try:
+        return psutil.Process(pid).name()
+    except psutil.NoSuchProcess:
+        return ""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switches to other uids")
+@pytest.mark.parametrize("sweep", [True, False])
+def test_the_kill_as_the_user_needs_no_marker_when_it_may_sweep(sweep: bool) -> None:
+    """As root with a wrapper that changes the user (setpriv for setuser):
+    sweeping kills every process of the user, an escapee without the marker
+    included; without sweeping only the marked ones. Another uid is spared."""
+    uid = 1_500_000_000 + os.getpid() % 100_000
+    wrapper = ("setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--")
+    settings = ExecSettings(unprivileged_wrapper=wrapper, separate_stderr=False)
+    marked = subprocess.Popen(main_command("kx", ExecutionRequest("sleep 60"), settings))
+    escapee = subprocess.Popen([*wrapper, "env", "-i", "sleep", "61"], start_new_session=True)
+    other = subprocess.Popen(
+        ["setpriv", f"--reuid={uid + 1}", f"--regid={uid + 1}", "--clear-groups", "sleep", "62"]
+    )
+    try:
+        # the wrappers have exec'd into the users' commands
+        wait_until(lambda: all(_name(p.pid) == "sleep" for p in (marked, escapee, other)), 5)
+        assert run(kill_command("kx", settings, sweep_user=sweep)).returncode == 0
+        assert marked.wait(timeout=5) == -9
+        if sweep:
+            assert escapee.wait(timeout=5) == -9
+        else:
+            assert escapee.poll() is None, "without the sweep only the marker counts"
+        assert other.poll() is None, "another user's process was killed"
+    finally:
+        for p in (marked, escapee, other):
+            p.kill()
+            p.wait()

@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
-from controller.execution.command import ExecSettings, ExecutionRequest
+from controller.execution.command import ExecSettings, ExecutionRequest, kill_command
 from controller.execution.frames import Frame, Released
 from controller.execution.relay import Relay, RelaySettings, Session
 from controller.execution.store import Execution
 from controller.metrics import Metrics
 from controller.model import LossReason
-from controller.nomad.exec import ExecEvent, Exited, Output
+from controller.nomad.exec import ExecBroken, ExecEvent, ExecRejected, Exited, Output
 
 pytestmark = pytest.mark.anyio
 FAST = RelaySettings(
@@ -85,6 +85,7 @@ class FakeRunners:
     lost: LossReason | None = None
     stopped: list[LossReason] = field(default_factory=list)
     uses_ended: int = 0
+    in_flight: int = 1  # uses of the runner begun and not ended, this one included
 
     def loss(self, runner_id: str) -> LossReason | Released | None:
         return self.lost
@@ -98,6 +99,9 @@ class FakeRunners:
 
     def end_use(self, runner_id: str) -> None:
         self.uses_ended += 1
+
+    def uses(self, runner_id: str) -> int:
+        return self.in_flight
 
     def stop_runner(self, runner_id: str, reason: LossReason) -> None:
         self.stopped.append(reason)
@@ -214,3 +218,97 @@ async def test_a_client_that_never_reads_holds_the_exec_back() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+class BrokenSession(FakeSession):
+    """An exec whose connection ends without Nomad's exit frame."""
+
+    async def events(self) -> AsyncIterator[ExecEvent]:
+        yield Output("stdout", b"partial")
+        raise ExecBroken("the connection to Nomad ended before the command's exit code")
+
+
+@pytest.mark.parametrize(
+    ("exit_zero", "last"),
+    [
+        (
+            False,
+            {
+                "type": "error",
+                "data": "Error executing the request: the connection to "
+                "Nomad ended before the command's exit code",
+            },
+        ),
+        (True, {"type": "exit", "data": 0}),
+    ],
+)
+async def test_a_broken_exec_is_an_error_frame_or_poseidons_exit_0(
+    exit_zero: bool, last: Frame
+) -> None:
+    main, runners, client = BrokenSession(), FakeRunners(), FakeClient()
+    settings = replace(FAST, broken_as_exit_zero=exit_zero)
+    await Relay(FakeExecs(main), runners, Metrics(), settings).run(execution(), "a", client)
+    assert client.frames == [{"type": "start"}, {"type": "stdout", "data": "partial"}, last]
+
+
+@pytest.mark.parametrize(
+    ("window_s", "last"),
+    [
+        (0.05, {"type": "exit", "data": 137}),
+        (2.0, {"type": "error", "data": "the allocation was OOM Killed"}),
+    ],
+)
+async def test_an_exit_by_signal_waits_the_loss_window_for_an_oom_kill(
+    window_s: float, last: Frame
+) -> None:
+    """Nomad learns of the OOM kill 0.3 s after the exec's exit 137: a window of
+    1 s (Poseidon's) or more finds it, one of 0.05 s reports the exit code."""
+    main, runners, client = FakeSession(), FakeRunners(), FakeClient()
+    settings = replace(FAST, signal_loss_window_s=window_s)
+    task = asyncio.ensure_future(
+        Relay(FakeExecs(main), runners, Metrics(), settings).run(execution(), "a", client)
+    )
+    await main.events_queue.put(Exited(137))
+
+    async def oom_reported_late() -> None:
+        await asyncio.sleep(0.3)
+        runners.lost = LossReason.OOM_KILLED
+
+    reporter = asyncio.ensure_future(oom_reported_late())
+    await task
+    await reporter
+    assert client.frames[-1] == last
+
+
+@dataclass
+class HalfOpen:
+    """The command's exec is refused; the stderr reader's and the kill's open."""
+
+    opened: list[tuple[Sequence[str], bool]] = field(default_factory=list)
+
+    async def open(
+        self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
+    ) -> Session:
+        self.opened.append((command, tty))
+        if tty:
+            raise ExecRejected("refused")
+        session = FakeSession()
+        if len(self.opened) > 2:
+            await session.events_queue.put(Exited(0))  # the kill ends at once
+        return session
+
+
+@pytest.mark.parametrize(("uses", "sweep"), [(1, True), (2, False)])
+async def test_the_lone_side_of_a_half_opened_pair_is_killed(uses: int, sweep: bool) -> None:
+    """The kill sweeps the unprivileged user's processes only when this
+    execution is the runner's sole use; otherwise it keeps to the marker."""
+    execs, runners, client = HalfOpen(), FakeRunners(), FakeClient()
+    runners.in_flight = uses
+    settings = replace(FAST, exec=ExecSettings(separate_stderr=True))
+    r = Relay(execs, runners, Metrics(), settings)
+    await r.run(execution(), "a", client)
+    await r.wait_background()
+    assert client.frames[-1]["type"] == "error"
+    kill_argv, tty = execs.opened[-1]
+    assert not tty
+    assert kill_argv == kill_command("e1", settings.exec, sweep_user=sweep)

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 import pytest
 
+from controller.execution.command import ExecSettings, kill_command
 from controller.files import scripts
 from controller.files.service import (
     Conflict,
@@ -103,7 +105,8 @@ async def test_a_copy_sends_the_preamble_then_the_archive() -> None:
     assert session.stdin.startswith(b"\0fa\0\0")  # no deletions; one check; then tar
     assert session.stdin[5 : 5 + 100].rstrip(b"\0") == b"a"
     assert session.closed
-    assert execs.commands == [scripts.copy_command()]
+    (command,) = execs.commands  # it exited: nothing to kill
+    assert command[:2] == ["/bin/bash", "-c"] and command[2].endswith(scripts.COPY)
 
 
 async def test_a_conflict_names_the_path() -> None:
@@ -248,3 +251,38 @@ async def test_what_cannot_be_downloaded(code: int, message: str) -> None:
     execs = FakeExecs([err(b"why\n"), Exited(code)], eager=True)
     with pytest.raises(NotFound, match=message):
         await Files(execs, Metrics()).download("alloc", "f", False)
+
+
+def marker_of(command: Sequence[str]) -> str:
+    found = re.search(r"NRC_EXECUTION_ID=(file-[0-9a-f]+)", " ".join(command))
+    assert found is not None, command
+    return found.group(1)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+async def test_a_copy_given_up_on_is_killed_by_its_marker(eager: bool) -> None:
+    execs = FakeExecs([ExecBroken("gone")], eager=eager)
+    files = Files(execs, Metrics())
+    with tempfile.TemporaryFile() as spool:
+        spool.write(json.dumps(BODY).encode())
+        spool.flush()
+        with pytest.raises(ExecFailed):
+            await files.copy("alloc", spool.fileno(), parse(spool.fileno()))
+    await files.wait_background()
+    copy_argv, kill_argv = execs.commands
+    assert kill_argv == kill_command(marker_of(copy_argv), ExecSettings(), sweep_user=False)
+
+
+async def test_a_download_abandoned_midway_is_killed_but_a_finished_one_is_not() -> None:
+    events: Script = [out(b"10 1700000000\n0123"), out(b"456789"), Exited(0)]
+    execs = FakeExecs(events, eager=True)
+    files = Files(execs, Metrics())
+    whole = await files.download("alloc", "f", privileged=False)
+    assert await body_of(whole.body) == b"0123456789"
+    await files.wait_background()
+    assert len(execs.commands) == 1
+    cut = await files.download("alloc", "f", privileged=False)
+    await cut.body.aclose()  # the client went away before the body
+    await files.wait_background()
+    assert len(execs.commands) == 3
+    assert marker_of(execs.commands[2]) == marker_of(execs.commands[1])
