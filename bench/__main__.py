@@ -2,7 +2,7 @@
 write bench/results/<name>.json for each and print the table.
 
 Names: claims, convergence, event_to_ready, pass_cost, steady_load (which also
-writes memory), executions, files, prewarm, timeouts. `python -m bench prewarm --trace
+writes memory), executions, files, prewarm, timeouts, templates. `python -m bench prewarm --trace
 FILE.csv` replays a claim trace of your own instead of the shipped ones
 (bench/b8_prewarm.py). A benchmark that breaks is reported and the others still run;
 the exit status is 0 unless one could not run at all (targets missed are
@@ -27,6 +27,7 @@ from bench import (
     b7_files,
     b8_prewarm,
     b9_timeouts,
+    b10_templates,
 )
 from bench.common import Result, machine, render_table, write_result
 
@@ -40,6 +41,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[Result]]] = {
     "files": lambda quick: [b7_files.run(quick)],
     "prewarm": lambda quick: [b8_prewarm.run(quick)],
     "timeouts": lambda quick: [b9_timeouts.run(quick)],
+    "templates": lambda quick: [b10_templates.run(quick)],
 }
 
 

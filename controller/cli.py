@@ -144,6 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
         "client code path, or random per migration",
     )
     sim.add_argument(
+        "--memory-oversubscription",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Nomad's memory_oversubscription_enabled: tasks may use up to their "
+        "memory_max (default on, as on Poseidon's clusters)",
+    )
+    sim.add_argument(
         "--acl-token",
         default=None,
         metavar="TOKEN",
@@ -217,6 +224,7 @@ def run_sim(args: argparse.Namespace) -> int:
         migration_ordering=args.migration_ordering,
         **_topology(args),
         docker_stdin_close_on_exit=args.docker_stdin_close_on_exit,
+        memory_oversubscription=args.memory_oversubscription,
     )
     try:
         server = SimServer(config, host=args.host, port=args.port)
@@ -268,11 +276,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_config(args)
     if args.command in ("run", "dev"):
         from controller import service
+        from controller.nomad.template_file import TemplateFileError
 
         settings = _settings()
-        if args.command == "run":
-            return service.run(settings)
-        return service.dev(settings, _topology(args))
+        try:
+            if args.command == "run":
+                return service.run(settings)
+            return service.dev(settings, _topology(args))
+        except TemplateFileError as exc:
+            # Like a bad setting: the operator's to fix, one line, exit 2.
+            print(f"nomad-runner-controller: NRC_TEMPLATE_JOB_FILE: {exc}", file=sys.stderr)
+            return 2
     return 2  # argparse rejects unknown commands before this
 
 

@@ -49,6 +49,7 @@ from controller.execution.command import ExecSettings, parse_wrapper
 from controller.execution.service import ExecutionSettings
 from controller.files.service import FileSettings
 from controller.model import SECOND
+from controller.nomad.jobs import DEFAULT_CAP_DROP, TemplatePolicy
 from controller.reconcile.loop import ControllerSettings
 from controller.reconcile.plan import PlanSettings
 from controller.reconcile.prewarming import PrewarmSettings
@@ -228,6 +229,20 @@ _NAMESPACE = re.compile(r"[a-zA-Z0-9-]{1,128}")
 _VARIABLE_PATH = re.compile(r"[a-zA-Z0-9\-_~/]{1,128}")
 _NO_SPACE = re.compile(r"[^\s\x00-\x1f\x7f]+")
 
+_CNI_MODE = re.compile(r"cni/[A-Za-z0-9_.-]+")
+_CAPABILITY = re.compile(r"[a-z_]+")
+# What root in a runner uses: the timeout kill, setuser, file copies as root.
+RUNNER_CAPABILITIES = ("kill", "setuid", "setgid", "chown", "fowner", "dac_override")
+
+
+def _capabilities(value: str) -> list[str]:
+    """`NET_RAW, cap_mknod` → ["net_raw", "mknod"]; `none` or empty → []."""
+    if value.strip().lower() in ("", "none"):
+        return []
+    names = [n.strip().lower() for n in value.split(",")]
+    return [n.removeprefix("cap_") for n in names]
+
+
 _BOOLEAN = "true or false (also 1/0, yes/no)"
 _DURATION_FORMS = "as seconds (30, 0.5) or a Go duration (30s, 5m, 1h30m, 250ms)"
 _FILE = "the path of an existing, readable file"
@@ -394,6 +409,76 @@ class Settings(BaseSettings):
         description="Largest PATCH /files body in bytes (larger is 413). Bodies are spooled "
         "to a temporary file (TMPDIR), never held in memory.",
         json_schema_extra=_allowed("an integer above 0 (bytes)"),
+    )
+
+    # --- runner templates: site policy (Poseidon's production template by default) ---
+    template_memory_reservation_mb: Integer = Field(
+        default=50,
+        alias="NRC_TEMPLATE_MEMORY_RESERVATION",
+        ge=10,
+        description="Memory in MB each runner reserves for placement (Nomad's MemoryMB); "
+        "the environment's memoryLimit is its MemoryMaxMB, which needs memory "
+        "oversubscription on the cluster. Poseidon's value.",
+        json_schema_extra=_allowed("an integer of at least 10 (MB, Nomad's minimum)"),
+    )
+    template_ephemeral_disk_mb: Integer = Field(
+        default=10,
+        alias="NRC_TEMPLATE_EPHEMERAL_DISK",
+        ge=10,
+        description="Ephemeral disk in MB each runner reserves (Nomad's default is 300).",
+        json_schema_extra=_allowed("an integer of at least 10 (MB, Nomad's minimum)"),
+    )
+    template_network_mode: str = Field(
+        default="bridge",
+        alias="NRC_TEMPLATE_NETWORK_MODE",
+        description="Nomad network mode of runners with networkAccess, e.g. "
+        "cni/secure-bridge (Poseidon's example); runners without it get Docker's "
+        "network_mode none.",
+        json_schema_extra=_allowed("none, bridge, host or cni/<name>"),
+    )
+    template_datacenters: str = Field(
+        default="*",
+        alias="NRC_TEMPLATE_DATACENTERS",
+        description="Datacenters runners may be placed in, comma-separated (* is every one).",
+        json_schema_extra=_allowed("datacenter names or globs, comma-separated"),
+    )
+    template_force_pull: Boolean = Field(
+        default=True,
+        alias="NRC_TEMPLATE_FORCE_PULL",
+        description="Pull the image whenever a runner starts, so the runners of one "
+        "environment never run different images (Poseidon's disableforcepull inverted).",
+        json_schema_extra=_allowed(_BOOLEAN),
+    )
+    template_pids_limit: Integer = Field(
+        default=1024,
+        alias="NRC_TEMPLATE_PIDS_LIMIT",
+        ge=0,
+        description="Most processes and threads in one runner (Docker pids_limit), so a "
+        "fork bomb stays inside its runner; 0 sets no limit.",
+        json_schema_extra=_allowed("an integer, 0 or above"),
+    )
+    template_cap_drop: str = Field(
+        default=",".join(DEFAULT_CAP_DROP),
+        alias="NRC_TEMPLATE_CAP_DROP",
+        description="Linux capabilities taken from runners (Docker cap_drop), comma-separated; "
+        "none drops nothing. Root in a runner needs KILL, SETUID, SETGID, CHOWN, FOWNER "
+        "and DAC_OVERRIDE: they cannot be dropped.",
+        json_schema_extra=_allowed("capability names without CAP_, comma-separated, or none"),
+    )
+    template_no_new_privileges: Boolean = Field(
+        default=True,
+        alias="NRC_TEMPLATE_NO_NEW_PRIVILEGES",
+        description="Start runners with Docker's no-new-privileges: setuid binaries "
+        "(sudo, su) cannot raise a student's privileges.",
+        json_schema_extra=_allowed(_BOOLEAN),
+    )
+    template_job_file: str | None = Field(
+        default=None,
+        alias="NRC_TEMPLATE_JOB_FILE",
+        description="An operator's own runner template, a Nomad job in HCL (parsed by "
+        "Nomad) or JSON, replacing the built-in one (Poseidon's templatejobfile). It "
+        "needs group default-group with Docker task default-task.",
+        json_schema_extra=_allowed(_FILE),
     )
 
     # --- the reconcile loop ---
@@ -629,7 +714,34 @@ class Settings(BaseSettings):
             raise ValueError("whitespace")
         return value
 
-    @field_validator("nomad_cacert", "nomad_client_cert", "nomad_client_key")
+    @field_validator("template_network_mode")
+    @classmethod
+    def _check_network_mode(cls, value: str) -> str:
+        value = value.strip()
+        if value not in ("none", "bridge", "host") and not _CNI_MODE.fullmatch(value):
+            raise ValueError("not a network mode")
+        return value
+
+    @field_validator("template_datacenters")
+    @classmethod
+    def _check_datacenters(cls, value: str) -> str:
+        names = [n.strip() for n in value.split(",")]
+        if not all(_NO_SPACE.fullmatch(n) for n in names):
+            raise ValueError("an empty or blank datacenter name")
+        return ",".join(names)
+
+    @field_validator("template_cap_drop")
+    @classmethod
+    def _check_cap_drop(cls, value: str) -> str:
+        caps = _capabilities(value)
+        needed = sorted(set(caps) & set(RUNNER_CAPABILITIES))
+        if needed:
+            raise ValueError(f"runners need {', '.join(c.upper() for c in needed)}")
+        if not all(_CAPABILITY.fullmatch(c) for c in caps):
+            raise ValueError("not capability names")
+        return ",".join(caps) if caps else "none"
+
+    @field_validator("nomad_cacert", "nomad_client_cert", "nomad_client_key", "template_job_file")
     @classmethod
     def _check_file(cls, value: str | None) -> str | None:
         # requests would only fail at the first request, with a bare OSError.
@@ -707,6 +819,22 @@ class Settings(BaseSettings):
                 lost_retention_ns=round(self.lost_runner_retention_s * SECOND),
                 degraded_after=self.failure_budget,
             ),
+        )
+
+    def template_policy(self, base: dict[str, Any] | None = None) -> TemplatePolicy:
+        """What template jobs are written with; `base` is the operator's
+        template file as Nomad's JSON (read by the service, which may need
+        Nomad to parse it)."""
+        return TemplatePolicy(
+            memory_reservation_mb=self.template_memory_reservation_mb,
+            ephemeral_disk_mb=self.template_ephemeral_disk_mb,
+            network_mode=self.template_network_mode,
+            datacenters=tuple(self.template_datacenters.split(",")),
+            force_pull=self.template_force_pull,
+            pids_limit=self.template_pids_limit,
+            cap_drop=tuple(_capabilities(self.template_cap_drop)),
+            no_new_privileges=self.template_no_new_privileges,
+            base=base,
         )
 
     def execution_settings(self) -> ExecutionSettings:

@@ -69,25 +69,40 @@ class Environment:
     network_access: bool = False
     exposed_ports: tuple[int, ...] = ()
     prewarming_pool_size: int = 0
+    # The site policy its template was written under (a fingerprint; empty
+    # for templates Poseidon or an older controller wrote). Not an
+    # environment field a client sets or sees, so not compared.
+    template_source: str = field(default="", compare=False)
 
     @property
     def template_hash(self) -> str:
         """Identifies what a runner is built from; the pool size is not part of it,
-        so resizing a pool never replaces runners."""
+        so resizing a pool never replaces runners, but a new site policy does."""
         return _template_hash(
             self.image,
             self.cpu_limit,
             self.memory_limit,
             self.network_access,
             tuple(sorted(self.exposed_ports)),
+            self.template_source,
         )
 
 
 # Plan and claims compare it with every runner of an environment: hash each
 # shape once, not once per runner.
 @functools.lru_cache(maxsize=4096)
-def _template_hash(image: str, cpu: int, memory: int, network: bool, ports: tuple[int, ...]) -> str:
-    shape = {"image": image, "cpu": cpu, "memory": memory, "network": network, "ports": list(ports)}
+def _template_hash(
+    image: str, cpu: int, memory: int, network: bool, ports: tuple[int, ...], source: str
+) -> str:
+    shape: dict[str, object] = {
+        "image": image,
+        "cpu": cpu,
+        "memory": memory,
+        "network": network,
+        "ports": list(ports),
+    }
+    if source:  # absent for Poseidon's templates, so their runners keep their hash
+        shape["source"] = source
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -6,6 +6,7 @@ the reconcile loop, and the HTTP API on uvicorn — against a real Nomad
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import shlex
 import signal
@@ -28,6 +29,7 @@ from controller.model import Environment
 from controller.nomad.client import NomadClient
 from controller.nomad.exec import ExecClient
 from controller.nomad.stream import EventStream
+from controller.nomad.template_file import load_template_file
 from controller.reconcile.loop import (
     EVENT_TOPICS,
     Controller,
@@ -57,7 +59,8 @@ class Service:
 
 
 def build(settings: Settings, nomad_address: str | None = None) -> Service:
-    """Wire the parts; nothing starts yet."""
+    """Wire the parts; nothing starts yet. Raises TemplateFileError when
+    NRC_TEMPLATE_JOB_FILE cannot carry runners."""
     metrics = Metrics()
     connection = settings.nomad_client_kwargs()
     stream_kwargs = settings.nomad_stream_kwargs()
@@ -80,9 +83,15 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
                 start_index=start_index,
             )
 
-    controller = Controller(
-        gateway, settings.controller_settings(), metrics=metrics, stream_factory=factory
+    base = (
+        load_template_file(settings.template_job_file, gateway)
+        if settings.template_job_file is not None
+        else None
     )
+    controller_settings = dataclasses.replace(
+        settings.controller_settings(), template=settings.template_policy(base)
+    )
+    controller = Controller(gateway, controller_settings, metrics=metrics, stream_factory=factory)
     exec_client = ExecClient(
         **{**settings.nomad_connection_kwargs(), "address": connection["address"]},
         connect_timeout_s=settings.nomad_timeout_s,

@@ -199,13 +199,30 @@ class Client:
             self._kill_event(alloc)
             return
         self._kill_event(alloc)
-        self._later(alloc.id, self._config.stop_delay_ms / 1000, lambda: self._killed(alloc.id))
+        self._later(alloc.id, self._stop_s(alloc), lambda: self._killed(alloc.id))
+
+    def _stop_s(self, alloc: Alloc) -> float:
+        """How long the kill takes. A task running `sleep` (a runner) is PID 1
+        of its container and ignores every signal but SIGKILL, as under
+        Docker: Nomad waits its whole kill_timeout before SIGKILL."""
+        delay = self._config.stop_delay_ms / 1000
+        if not self._config.kill_timeouts or alloc.client_status != RUNNING:
+            return delay
+        config = self._task_field(alloc, "Config")
+        signal = str(self._task_field(alloc, "KillSignal") or "SIGTERM")
+        if not isinstance(config, dict) or config.get("command") != "sleep" or signal == "SIGKILL":
+            return delay
+        return delay + self._time.scaled(self._kill_timeout_ns(alloc)) / SECOND
+
+    def _kill_timeout_ns(self, alloc: Alloc) -> int:
+        timeout = self._task_field(alloc, "KillTimeout")
+        return int(timeout) if isinstance(timeout, int) else 5 * SECOND
 
     def _kill_event(self, alloc: Alloc) -> None:
         if alloc.client_status != RUNNING:
             return
         now = self._time.now_ns()
-        timeout = int(str(self._task_field(alloc, "KillTimeout") or 5 * SECOND))
+        timeout = self._kill_timeout_ns(alloc)  # 0 is a timeout (SIGKILL at once), not unset
         alloc = self._with_event(
             alloc,
             TaskEvent(

@@ -35,6 +35,19 @@ class SimConfig:
     migration_stop_lag_ms: float = 30.0
     node_cpu_mhz: int = 64_000
     node_memory_mb: int = 131_072
+    # What placement counts ephemeral disks against (Nomad's default disk is
+    # 300 MB per allocation: 4 TiB leaves CPU or memory the binding limit).
+    node_disk_mb: int = 4_194_304
+    # Nomad's scheduler configuration `memory_oversubscription_enabled`, on as
+    # in Poseidon's clusters: with it a task may use up to its MemoryMaxMB
+    # (placement counts MemoryMB only); without it MemoryMaxMB is ignored and
+    # a register that sets one answers a warning.
+    memory_oversubscription: bool = True
+    # A task running `sleep` (what runners run) is PID 1 of its container and
+    # ignores every signal but SIGKILL, as in Docker: stopping it takes its
+    # kill_timeout (Nomad's default 5 s) unless its kill_signal is SIGKILL.
+    # False: every stop takes stop_delay_ms only.
+    kill_timeouts: bool = True
     # How far behind the leader a stale list read may be.
     stale_lag_ms: float = 500.0
     # Multiplies durations that come from Nomad objects (restart and reschedule

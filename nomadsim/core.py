@@ -76,7 +76,14 @@ class Simulator:
         self.node_endpoint = NodeEndpoint(
             store, self.time, self.new_id, self.scheduler, self.drainer, self.ports
         )
-        self.job_endpoint = JobEndpoint(store, self.time, self.new_id, self.scheduler, self.ports)
+        self.job_endpoint = JobEndpoint(
+            store,
+            self.time,
+            self.new_id,
+            self.scheduler,
+            self.ports,
+            memory_oversubscription=self.config.memory_oversubscription,
+        )
         self.client = Client(store, self.time, self.config, self.node_endpoint)
         store.watch(self.client.on_commit)
         self.variables = Variables(store, self.time, self.new_id)
@@ -96,6 +103,7 @@ class Simulator:
                 self.config.node_cpu_mhz,
                 self.config.node_memory_mb,
                 ip,
+                self.config.node_disk_mb,
             )
 
     def stop(self) -> None:

@@ -755,7 +755,7 @@ def _node_resources(node: Node) -> JsonDict:
     return {
         "Cpu": {"CpuShares": node.cpu_mhz, "TotalCpuCores": 8, "ReservableCpuCores": None},
         "Memory": {"MemoryMB": node.memory_mb},
-        "Disk": {"DiskMB": 100_000},
+        "Disk": {"DiskMB": node.disk_mb},
         "Networks": None,
         "NodeNetworks": None,
         "Devices": None,

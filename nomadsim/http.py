@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
-from nomadsim import bexpr, encode, forwarding
+from nomadsim import bexpr, encode, forwarding, jobspec
 from nomadsim.alloc_exec import EXEC_ROUTE, exec_endpoint, not_upgraded_endpoint
 from nomadsim.core import Simulator
 from nomadsim.errors import NomadError, Origin
@@ -227,6 +227,20 @@ async def register_job(request: Request, sim: Simulator, job_id: str | None = No
         raise NomadError(400, "JobModifyIndex must be an integer") from None
     result = sim.job_endpoint.register(job, ns or "default", enforce, index)
     return json_response(result, result["Index"])
+
+
+async def parse_job(request: Request, sim: Simulator) -> Response:
+    """`POST /v1/jobs/parse`: HCL to the API's job JSON (nomadsim/jobspec.py)."""
+    body = await read_body(request)
+    if not isinstance(body, dict) or not isinstance(body.get("JobHCL"), str):
+        raise NomadError(400, "Job HCL must be specified")
+    job = jobspec.parse_job(body["JobHCL"])
+    if body.get("Canonicalize") is True:
+        try:
+            job = encode.canonicalize_job(job, job.get("Namespace") or namespace_of(request))
+        except encode.JobValidationError as exc:
+            raise NomadError(400, str(exc)) from None
+    return json_response(job)
 
 
 async def job_route(request: Request, sim: Simulator) -> Response:
@@ -799,6 +813,7 @@ def routes(sim: Simulator) -> list[BaseRoute]:
     table: list[tuple[str, Handler, list[str]]] = [
         ("/v1/jobs", list_jobs, ["GET"]),
         ("/v1/jobs", register_job, ["PUT", "POST"]),
+        ("/v1/jobs/parse", parse_job, ["PUT", "POST"]),
         ("/v1/job/{job_id}", job_route, ["GET", "PUT", "POST", "DELETE"]),
         ("/v1/job/{job_id}/allocations", job_allocations, ["GET"]),
         ("/v1/job/{job_id}/evaluations", job_evaluations, ["GET"]),

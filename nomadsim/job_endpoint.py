@@ -45,12 +45,14 @@ class JobEndpoint:
         new_id: Callable[[], str],
         scheduler: Scheduler,
         ports: Ports,
+        memory_oversubscription: bool = True,
     ) -> None:
         self._store = store
         self._time = time
         self._new_id = new_id
         self._scheduler = scheduler
         self._ports = ports
+        self._oversubscription = memory_oversubscription
 
     def register(self, raw: Any, namespace: str, enforce: bool, enforce_index: int) -> JsonDict:
         if not isinstance(raw, dict):
@@ -91,7 +93,9 @@ class JobEndpoint:
                 ev = replace(ev, job_modify_index=existing.spec["JobModifyIndex"])
                 tx.put_eval(stamp_eval(ev, tx.index, self._time.now_ns()))
             self._scheduler.enqueue(ev.id)
-            return _register_response(ev.id, tx.index, existing.spec["JobModifyIndex"], tx.index)
+            return _register_response(
+                ev.id, tx.index, existing.spec["JobModifyIndex"], tx.index, self._warnings(spec)
+            )
         eval_id = ""
         with store.txn("JobRegister") as tx:
             spec["Version"] = existing.spec["Version"] + 1 if existing else 0
@@ -110,7 +114,25 @@ class JobEndpoint:
                 tx.put_eval(stamp_eval(ev, tx.index, self._time.now_ns()))
         if eval_id:
             self._scheduler.enqueue(eval_id)
-        return _register_response(eval_id, tx.index if eval_id else 0, tx.index, tx.index)
+        return _register_response(
+            eval_id, tx.index if eval_id else 0, tx.index, tx.index, self._warnings(spec)
+        )
+
+    def _warnings(self, spec: JsonDict) -> str:
+        """Nomad's register warnings: a memory_max without oversubscription."""
+        if self._oversubscription:
+            return ""
+        warnings = [
+            f'Memory oversubscription is not enabled; Task "{group["Name"]}.{task["Name"]}" '
+            "memory_max value will be ignored. Update the Scheduler Configuration to allow "
+            "oversubscription."
+            for group in spec.get("TaskGroups") or []
+            for task in group.get("Tasks") or []
+            if (task.get("Resources") or {}).get("MemoryMaxMB")
+        ]
+        if not warnings:
+            return ""
+        return f"{len(warnings)} warning(s):\n" + "".join(f"\n* {w}" for w in warnings)
 
     def _new_eval(self, spec: JsonDict, triggered_by: str, eval_type: str = "") -> Eval:
         return Eval(
@@ -182,13 +204,13 @@ def _spec_changed(old: JsonDict, new: JsonDict) -> bool:
 
 
 def _register_response(
-    eval_id: str, eval_index: int, job_modify_index: int, index: int
+    eval_id: str, eval_index: int, job_modify_index: int, index: int, warnings: str = ""
 ) -> JsonDict:
     return {
         "EvalID": eval_id,
         "EvalCreateIndex": eval_index,
         "JobModifyIndex": job_modify_index,
-        "Warnings": "",
+        "Warnings": warnings,
         "Index": index,
         "LastContact": 0,
         "KnownLeader": False,

@@ -41,7 +41,13 @@ class NodeEndpoint:
         self._ports = ports
 
     def register(
-        self, name: str, http_addr: str, cpu_mhz: int, memory_mb: int, ip: str = ""
+        self,
+        name: str,
+        http_addr: str,
+        cpu_mhz: int,
+        memory_mb: int,
+        ip: str = "",
+        disk_mb: int = 4_194_304,
     ) -> None:
         """A client node joins the cluster, ready and eligible."""
         now = self._time.now_ns()
@@ -55,6 +61,7 @@ class NodeEndpoint:
                 ip=ip,
                 cpu_mhz=cpu_mhz,
                 memory_mb=memory_mb,
+                disk_mb=disk_mb,
                 status_updated_at=now // 1_000_000_000,
                 events=(
                     {

@@ -16,6 +16,17 @@ class Ports:
         self._by_alloc: dict[str, list[JsonDict]] = {}
         self._used_by_node: dict[str, set[int]] = {}
 
+    def fits(self, node: Node, group: JsonDict) -> bool:
+        """Whether the node has a free dynamic port for each the group asks
+        for (placements of the evaluation being planned hold theirs already)."""
+        used = self._used_by_node.get(node.id, set())
+        dynamic = 0
+        for network in group.get("Networks") or []:
+            dynamic += len(network.get("DynamicPorts") or [])
+        # `used` holds the dynamic ports handed out (reserved ones are not
+        # tracked: two allocations with one static port are the operator's to avoid).
+        return dynamic <= len(DYNAMIC_PORTS) - len(used)
+
     def assign(self, alloc_id: str, node: Node, group: JsonDict) -> None:
         """Give the allocation placed on `node` the ports its group asks for."""
         used = self._used_by_node.setdefault(node.id, set())

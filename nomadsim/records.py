@@ -155,6 +155,7 @@ class Node:
     http_addr: str
     cpu_mhz: int
     memory_mb: int
+    disk_mb: int = 4_194_304  # for allocations' ephemeral disks
     status: str = "ready"
     eligibility: str = "eligible"
     drain: DrainStrategy | None = None

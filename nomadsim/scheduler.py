@@ -33,7 +33,7 @@ from nomadsim.records import (
     Node,
     RescheduleEvent,
 )
-from nomadsim.state import StateStore, stamp_alloc, stamp_eval
+from nomadsim.state import StateStore, group_demand, stamp_alloc, stamp_eval
 
 NOT_NEEDED = "alloc not needed due to job update"
 MIGRATING = "alloc is being migrated"
@@ -61,7 +61,10 @@ class Plan:
 
 
 class PortAssigner(Protocol):
-    """The part of `Ports` the scheduler uses: each placement gets its ports."""
+    """The part of `Ports` the scheduler uses: whether a node has the ports a
+    group asks for, and each placement gets its ports."""
+
+    def fits(self, node: Node, group: JsonDict) -> bool: ...
 
     def assign(self, alloc_id: str, node: Node, group: JsonDict) -> None: ...
 
@@ -346,47 +349,54 @@ class Scheduler:
         self, job: JsonDict, group: JsonDict, plan: Plan, avoid: set[str]
     ) -> Node | None:
         """Spread: the eligible node with room that runs the fewest allocations
-        of this job, then the least loaded; ties go to the first node."""
-        cpu, mem = _group_demand(group)
+        of this job, then the least loaded; ties go to the first node. Room is
+        what Nomad's scheduler counts: reserved CPU, memory (MemoryMB, not
+        MemoryMaxMB) and ephemeral disk against the node's capacity, and free
+        ports."""
+        cpu, mem, disk = group_demand(group)
         best: tuple[tuple[int, float, int], Node] | None = None
         for order, node in enumerate(self._store.nodes.values()):
             if node.status != "ready" or node.eligibility != "eligible" or node.id in avoid:
                 continue
-            used_cpu, used_mem, same_job = self._node_usage(node.id, job["ID"], plan)
-            if used_cpu + cpu > node.cpu_mhz or used_mem + mem > node.memory_mb:
+            used_cpu, used_mem, used_disk, same_job = self._node_usage(node.id, job["ID"], plan)
+            if (
+                used_cpu + cpu > node.cpu_mhz
+                or used_mem + mem > node.memory_mb
+                or used_disk + disk > node.disk_mb
+            ):
+                continue
+            if not self._ports.fits(node, group):
                 continue
             key = (same_job, used_cpu / max(node.cpu_mhz, 1), order)
             if best is None or key < best[0]:
                 best = (key, node)
         return best[1] if best else None
 
-    def _node_usage(self, node_id: str, job_id: str, plan: Plan) -> tuple[int, int, int]:
-        """CPU and memory in use on the node and how many of its allocations
+    def _node_usage(self, node_id: str, job_id: str, plan: Plan) -> tuple[int, int, int, int]:
+        """CPU, memory and disk in use on the node and how many of its allocations
         belong to the job, as the plan would leave them: the allocations that
         hold resources (desired run, not client-terminal) minus those the plan
         stops, plus those it places. From the store's per-node counters, so a
         placement costs the same with 10 or 10,000 allocations on the node."""
         store = self._store
-        cpu, mem = store.node_used.get(node_id) or (0, 0)
+        cpu, mem, disk = store.node_used.get(node_id) or (0, 0, 0)
         same = store.node_job_allocs.get((node_id, job_id), 0)
         for stopped in plan.stops:
             entry = store.usage_of(stopped)
             if entry is not None and entry.node_id == node_id:
                 cpu -= entry.cpu
                 mem -= entry.mem
+                disk -= entry.disk
                 if entry.job_id == job_id:
                     same -= 1
         for a in plan.places:
             if a.node_id != node_id:
                 continue
-            group = group_of(a.job, a.task_group) or {}
-            for task in group.get("Tasks") or []:
-                res = task.get("Resources") or {}
-                cpu += int(res.get("CPU") or 0)
-                mem += int(res.get("MemoryMB") or 0)
+            placed_cpu, placed_mem, placed_disk = group_demand(group_of(a.job, a.task_group) or {})
+            cpu, mem, disk = cpu + placed_cpu, mem + placed_mem, disk + placed_disk
             if a.job_id == job_id:
                 same += 1
-        return cpu, mem, same
+        return cpu, mem, disk, same
 
 
 def _child_eval(
@@ -411,15 +421,6 @@ def _child_eval(
         wait_until=wait_until,
         previous_eval=parent.id,
     )
-
-
-def _group_demand(group: JsonDict) -> tuple[int, int]:
-    cpu = mem = 0
-    for task in group.get("Tasks") or []:
-        res = task.get("Resources") or {}
-        cpu += int(res.get("CPU") or 0)
-        mem += int(res.get("MemoryMB") or 0)
-    return cpu, mem
 
 
 def _name_index(name: str) -> int:

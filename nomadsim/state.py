@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from nomadsim.records import Alloc, Eval, JobRecord, Migration, Node, Variable
+from nomadsim.records import Alloc, Eval, JobRecord, JsonDict, Migration, Node, Variable
 
 JOBS = "jobs"
 JOB_SUMMARY = "job_summary"
@@ -53,19 +53,29 @@ class UsageEntry:
     job_id: str
     cpu: int
     mem: int
+    disk: int = 0
 
 
-def alloc_demand(alloc: Alloc) -> tuple[int, int]:
-    """CPU (MHz) and memory (MB) the tasks of the allocation's group ask for."""
+def group_demand(group: JsonDict) -> tuple[int, int, int]:
+    """What placement reserves for one allocation of the group, as Nomad's
+    scheduler counts it: CPU (MHz) and memory (MemoryMB, the reservation:
+    MemoryMaxMB is what oversubscription allows beyond it) of its tasks, and
+    its ephemeral disk (MB)."""
     cpu = mem = 0
+    for task in group.get("Tasks") or []:
+        res = task.get("Resources") or {}
+        cpu += int(res.get("CPU") or 0)
+        mem += int(res.get("MemoryMB") or 0)
+    disk = int((group.get("EphemeralDisk") or {}).get("SizeMB") or 0)
+    return cpu, mem, disk
+
+
+def alloc_demand(alloc: Alloc) -> tuple[int, int, int]:
+    """What the allocation's group reserves (`group_demand`)."""
     for group in alloc.job.get("TaskGroups") or []:
         if group.get("Name") == alloc.task_group:
-            for task in group.get("Tasks") or []:
-                res = task.get("Resources") or {}
-                cpu += int(res.get("CPU") or 0)
-                mem += int(res.get("MemoryMB") or 0)
-            break
-    return cpu, mem
+            return group_demand(group)
+    return 0, 0, 0
 
 
 @dataclass(frozen=True)
@@ -284,12 +294,13 @@ class StateStore:
         self._uncount_usage(alloc.id)
         if alloc.desired_status != "run" or alloc.client_terminal():
             return
-        cpu, mem = alloc_demand(alloc)
-        entry = UsageEntry(alloc.node_id, alloc.job_id, cpu, mem)
+        cpu, mem, disk = alloc_demand(alloc)
+        entry = UsageEntry(alloc.node_id, alloc.job_id, cpu, mem, disk)
         self._usage[alloc.id] = entry
-        used = self.node_used.setdefault(alloc.node_id, [0, 0])
+        used = self.node_used.setdefault(alloc.node_id, [0, 0, 0])
         used[0] += cpu
         used[1] += mem
+        used[2] += disk
         key = (alloc.node_id, alloc.job_id)
         self.node_job_allocs[key] = self.node_job_allocs.get(key, 0) + 1
 
@@ -300,6 +311,7 @@ class StateStore:
         used = self.node_used[entry.node_id]
         used[0] -= entry.cpu
         used[1] -= entry.mem
+        used[2] -= entry.disk
         key = (entry.node_id, entry.job_id)
         left = self.node_job_allocs[key] - 1
         if left:

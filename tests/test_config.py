@@ -27,6 +27,7 @@ from controller.config import (
 from controller.model import SECOND
 from controller.nomad.client import NomadClient
 from controller.nomad.events import EventRef
+from controller.nomad.jobs import TemplatePolicy
 from controller.nomad.stream import EventStream
 from controller.reconcile.loop import ControllerSettings
 from controller.reconcile.plan import PlanSettings
@@ -56,6 +57,15 @@ ALL_VARIABLES = [
     "NRC_EXEC_SIGNAL_LOSS_WINDOW",
     "NRC_EXECUTION_ID_TTL",
     "NRC_FILES_MAX_UPLOAD",
+    "NRC_TEMPLATE_MEMORY_RESERVATION",
+    "NRC_TEMPLATE_EPHEMERAL_DISK",
+    "NRC_TEMPLATE_NETWORK_MODE",
+    "NRC_TEMPLATE_DATACENTERS",
+    "NRC_TEMPLATE_FORCE_PULL",
+    "NRC_TEMPLATE_PIDS_LIMIT",
+    "NRC_TEMPLATE_CAP_DROP",
+    "NRC_TEMPLATE_NO_NEW_PRIVILEGES",
+    "NRC_TEMPLATE_JOB_FILE",
     "NRC_RESYNC_INTERVAL",
     "NRC_ORPHAN_GRACE",
     "NRC_STARTUP_TIMEOUT",
@@ -355,6 +365,33 @@ def test_execution_settings() -> None:
     assert none.exec.unprivileged_wrapper == ()
 
 
+def test_template_policy_from_settings() -> None:
+    s = load_settings(
+        {
+            "NRC_TEMPLATE_MEMORY_RESERVATION": "64",
+            "NRC_TEMPLATE_EPHEMERAL_DISK": "20",
+            "NRC_TEMPLATE_NETWORK_MODE": "cni/secure-bridge",
+            "NRC_TEMPLATE_DATACENTERS": "dc1, dc2",
+            "NRC_TEMPLATE_FORCE_PULL": "false",
+            "NRC_TEMPLATE_PIDS_LIMIT": "0",
+            "NRC_TEMPLATE_CAP_DROP": "CAP_NET_RAW, mknod",
+            "NRC_TEMPLATE_NO_NEW_PRIVILEGES": "no",
+        }
+    )
+    assert s.template_policy() == TemplatePolicy(
+        memory_reservation_mb=64,
+        ephemeral_disk_mb=20,
+        network_mode="cni/secure-bridge",
+        datacenters=("dc1", "dc2"),
+        force_pull=False,
+        pids_limit=0,
+        cap_drop=("net_raw", "mknod"),
+        no_new_privileges=False,
+    )
+    assert load_settings({}).template_policy() == TemplatePolicy(), "defaults agree"
+    assert load_settings({"NRC_TEMPLATE_CAP_DROP": "none"}).template_policy().cap_drop == ()
+
+
 def test_file_settings() -> None:
     default = load_settings({}).file_settings()
     assert default.max_upload_bytes == 100 * 1024 * 1024
@@ -455,6 +492,34 @@ LOCK_PATH = (
             "NRC_FILES_MAX_UPLOAD",
             "100MiB",
             'NRC_FILES_MAX_UPLOAD: must be an integer above 0 (bytes) (got "100MiB")',
+        ),
+        (
+            "NRC_TEMPLATE_MEMORY_RESERVATION",
+            "5",
+            "NRC_TEMPLATE_MEMORY_RESERVATION: must be an integer of at least 10 (MB, Nomad's "
+            'minimum) (got "5")',
+        ),
+        (
+            "NRC_TEMPLATE_NETWORK_MODE",
+            "cni/",
+            'NRC_TEMPLATE_NETWORK_MODE: must be none, bridge, host or cni/<name> (got "cni/")',
+        ),
+        (
+            "NRC_TEMPLATE_DATACENTERS",
+            "dc1,,dc2",
+            "NRC_TEMPLATE_DATACENTERS: must be datacenter names or globs, comma-separated "
+            '(got "dc1,,dc2")',
+        ),
+        (
+            "NRC_TEMPLATE_CAP_DROP",
+            "net_raw,CAP_KILL",
+            "NRC_TEMPLATE_CAP_DROP: must be capability names without CAP_, comma-separated, or "
+            'none (got "net_raw,CAP_KILL")',
+        ),
+        (
+            "NRC_TEMPLATE_PIDS_LIMIT",
+            "-1",
+            'NRC_TEMPLATE_PIDS_LIMIT: must be an integer, 0 or above (got "-1")',
         ),
         # durations
         (

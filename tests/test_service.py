@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import requests
@@ -115,3 +116,64 @@ def test_bad_configuration_exits_2_with_one_line_per_problem(name: str) -> None:
     assert "Traceback" not in result.stderr
     assert 'NRC_API_PORT: must be an integer between 1 and 65535 (got "abc")' in result.stderr
     assert "NRC_API_PROT: unknown variable" in result.stderr
+
+
+def test_a_template_file_that_cannot_carry_runners_stops_run_with_exit_2(tmp_path: Path) -> None:
+    template = tmp_path / "runner.json"
+    job = {"TaskGroups": [{"Name": "default-group", "Tasks": [{"Name": "x", "Driver": "docker"}]}]}
+    template.write_text(json.dumps({"Job": job}))
+    # A Nomad nobody listens on: a JSON template needs none to be checked.
+    env = clean_environ(NRC_TEMPLATE_JOB_FILE=str(template), NOMAD_ADDR="http://127.0.0.1:9")
+    result = command("run", env=env)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if "NRC_TEMPLATE_JOB_FILE" in line]
+    assert lines == [
+        f"nomad-runner-controller: NRC_TEMPLATE_JOB_FILE: {template}: "
+        "no task 'default-task' in group 'default-group'"
+    ]
+
+
+POSEIDON_HCL = Path(__file__).parent / "reference" / "poseidon-production-template.hcl"
+
+
+def test_run_with_poseidons_hcl_template_file_builds_runners_from_it(
+    sim: SimServer, processes: list[ChildProcess]
+) -> None:
+    # The HCL is parsed by Nomad (here the simulator's /v1/jobs/parse).
+    settings = {"NRC_TEMPLATE_JOB_FILE": str(POSEIDON_HCL), "NRC_API_TOKEN": "s3cret-token-16ch"}
+    run = start_controller_process(processes, sim.address, settings, timeout=20)
+    body = {
+        "id": 4,
+        "image": "python:3.12",
+        "prewarmingPoolSize": 1,
+        "cpuLimit": 20,
+        "memoryLimit": 256,
+        "networkAccess": False,
+        "exposedPorts": [],
+    }
+    auth = {"Authorization": "Bearer s3cret-token-16ch"}
+    url = f"{run.address}/api/v1/execution-environments/4"
+    assert requests.put(url, json=body, headers=auth, timeout=5).status_code == 201
+    template = requests.get(f"{sim.address}/v1/job/template-4", timeout=5).json()
+    assert template["Datacenters"] == ["dc1"], "the file's datacenters, not the setting's"
+    task = template["TaskGroups"][0]["Tasks"][0]
+    assert task["Resources"]["CPU"] == 20 and task["Resources"]["MemoryMaxMB"] == 256
+    assert task["Resources"]["MemoryMB"] == 50
+    got = requests.get(url, headers=auth, timeout=5).json()
+    assert {k: got[k] for k in body} == body
+    assert run.stop(signal.SIGTERM) == 0
+
+
+def test_an_unparsable_hcl_template_stops_run_with_exit_2(sim: SimServer, tmp_path: Path) -> None:
+    template = tmp_path / "runner.hcl"
+    template.write_text('job "template-0" {\n  group "default-group" {\n    count = \n')
+    result = command(
+        "run", env=clean_environ(NRC_TEMPLATE_JOB_FILE=str(template), NOMAD_ADDR=sim.address)
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if "NRC_TEMPLATE_JOB_FILE" in line]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"nomad-runner-controller: NRC_TEMPLATE_JOB_FILE: {template}: ")
+    assert "Nomad cannot parse it" in lines[0]

@@ -285,7 +285,20 @@ class NomadClient:
         return WriteResult(
             index=int(answer.get("Index") or reply.index),
             job_modify_index=int(answer.get("JobModifyIndex") or 0),
+            warnings=_warnings(str(answer.get("Warnings") or "")),
         )
+
+    def parse_job_hcl(self, hcl: str) -> JsonDict:
+        """A job in HCL as Nomad's API JSON, parsed by Nomad (`POST
+        /v1/jobs/parse`), so that we need no HCL parser of our own. Raises
+        NomadAPIError with Nomad's text when Nomad cannot parse it."""
+        body = {"JobHCL": hcl, "Canonicalize": False}
+        reply = self._call(
+            "parse_job", lambda: self._jobs.request("parse", method="post", json=body)
+        )
+        if not isinstance(reply.body, dict):
+            raise NomadAPIError(reply.status, f"parse answered {reply.text[:200]!r}")
+        return reply.body
 
     def deregister_job(self, job_id: str, purge: bool = True) -> WriteResult:
         params = {"purge": "true"} if purge else {}
@@ -484,3 +497,12 @@ def _lock_gone(status: int, text: str) -> Outcome | None:
     if status in (404, 409) or (status == 500 and any(t in text for t in LOCK_GONE_TEXTS)):
         return "conflict"
     return None
+
+
+def _warnings(text: str) -> tuple[str, ...]:
+    """Nomad's register warnings (`N warning(s):` then `* ...` items, each
+    possibly wrapped over lines) as one line each."""
+    items = [" ".join(item.split()) for item in text.split("\n* ")[1:]]
+    if not items and text.strip():
+        items = [" ".join(text.split())]
+    return tuple(i for i in items if i)

@@ -67,6 +67,9 @@ class AllocListing:
 class WriteResult:
     index: int  # the Raft index of the write (X-Nomad-Index / Index)
     job_modify_index: int  # JobModifyIndex after a register; 0 for a deregister
+    # Nomad's register warnings, one line each (e.g. memory_max ignored
+    # without memory oversubscription); empty when none.
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

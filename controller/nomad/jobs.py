@@ -13,11 +13,13 @@ Pure functions over job specs (JSON dicts as Nomad reads and writes them).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from controller.model import Claim, Environment, LossReason, RunnerJob
+from controller.model import SECOND, Claim, Environment, LossReason, RunnerJob
 
 JsonDict = dict[str, Any]
 
@@ -38,6 +40,8 @@ META_CLAIMED_AT = "nrc_claimed_at"
 META_TEMPLATE_HASH = "nrc_template_hash"
 META_LOST_REASON = "nrc_lost_reason"
 META_LOST_AT = "nrc_lost_at"
+# On a template: the policy it was written under (`TemplatePolicy.fingerprint`).
+META_TEMPLATE_POLICY = "nrc_template_policy"
 
 _RUNNER_ID = re.compile(r"^(\d+)-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
 _TEMPLATE_ID = re.compile(r"^template-(\d+)$")
@@ -110,9 +114,16 @@ def _runner_task(spec: JsonDict) -> JsonDict:
     return tasks[0] if tasks and isinstance(tasks[0], dict) else {}
 
 
+def _positive(value: Any) -> int:
+    return value if isinstance(value, int) and value > 0 else 0
+
+
 def environment_from_job(spec: JsonDict, env_id: int) -> Environment:
-    """The environment a template (or runner) job describes. Missing fields read
-    as defaults, so jobs written by Poseidon or by hand are understood."""
+    """The environment a template (or runner) job describes, read as Poseidon
+    reads it, so jobs written by Poseidon or by hand are understood: the memory
+    limit is `MemoryMaxMB` (the reservation `MemoryMB` only when no maximum is
+    set, as in templates written before oversubscription), network access is a
+    Docker `network_mode` other than `none`, ports are the dynamic ports' `To`."""
     task = _runner_task(spec)
     config = task.get("Config") or {}
     resources = task.get("Resources") or {}
@@ -124,64 +135,199 @@ def environment_from_job(spec: JsonDict, env_id: int) -> Environment:
             to = (port or {}).get("To") or _int(str((port or {}).get("Label", "")), 0)
             if to:
                 ports.append(int(to))
-    network_access = config.get("network_mode") != "none" and bool(networks)
+    meta = _meta(spec)
     return Environment(
         id=env_id,
         image=str(config.get("image", "")),
         cpu_limit=int(resources.get("CPU") or 0),
-        memory_limit=int(resources.get("MemoryMB") or 0),
-        network_access=network_access,
+        memory_limit=_positive(resources.get("MemoryMaxMB")) or int(resources.get("MemoryMB") or 0),
+        network_access=config.get("network_mode") != "none",
         exposed_ports=tuple(sorted(set(ports))),
-        prewarming_pool_size=max(0, _int(_meta(spec).get(META_POOL_SIZE))),
+        prewarming_pool_size=max(0, _int(meta.get(META_POOL_SIZE))),
+        template_source=meta.get(META_TEMPLATE_POLICY, ""),
     )
 
 
-def template_job(env: Environment) -> JsonDict:
-    """The template job for an environment (the runner group never runs here)."""
-    config: JsonDict = {"image": env.image, "command": "sleep", "args": ["infinity"]}
-    group: JsonDict = {
-        "Name": RUNNER_GROUP,
-        "Count": 0,
-        # A crash restarts the task in place (the claim reports `restarted`);
-        # after three, Nomad reschedules it (`rescheduled`).
-        "RestartPolicy": {
-            "Attempts": 3,
-            "Interval": 3_600_000_000_000,
-            "Delay": 1_000_000_000,
-            "Mode": "fail",
-        },
-        "Tasks": [
-            {
-                "Name": RUNNER_TASK,
-                "Driver": "docker",
-                "Config": config,
-                "Resources": {"CPU": env.cpu_limit, "MemoryMB": env.memory_limit},
-            }
-        ],
-    }
-    if env.network_access:
-        group["Networks"] = [
-            {
-                "Mode": "bridge",
-                "DynamicPorts": [{"Label": str(p), "To": p} for p in env.exposed_ports],
-            }
-        ]
-    else:
-        config["network_mode"] = "none"
+# Poseidon's production template (template-environment-job.hcl in
+# openHPI/poseidon), as Nomad's API reads it. Durations are nanoseconds.
+_MINUTE = 60 * SECOND
+_HOUR = 60 * _MINUTE
+RESTART_POLICY: JsonDict = {
+    # A crash restarts the task in place (the claim reports `restarted`);
+    # after three in an hour the allocation fails and is rescheduled.
+    "Attempts": 3,
+    "Interval": _HOUR,
+    "Delay": 15 * SECOND,
+    "Mode": "fail",
+}
+RESCHEDULE_POLICY: JsonDict = {
+    # Poseidon: "we cannot guarantee an error-free job definition", so a
+    # broken image is not rescheduled for ever.
+    "Attempts": 3,
+    "Interval": 6 * _HOUR,
+    "Delay": _MINUTE,
+    "DelayFunction": "exponential",
+    "MaxDelay": 4 * _MINUTE,
+    "Unlimited": False,
+}
+# Every runner lands on the node with the fewest runners of its job.
+SPREAD: JsonDict = {"Attribute": "${node.unique.name}", "Weight": 100}
+# One 1 MB log file: runners' output goes to the exec streams, not to logs.
+LOGS: JsonDict = {"MaxFiles": 1, "MaxFileSizeMB": 1}
+# Capabilities Docker grants by default that no runner needs. Kept: KILL (the
+# timeout kill), SETUID/SETGID (setuser), CHOWN/FOWNER/DAC_OVERRIDE (file
+# copies as root), FSETID (tar keeps modes as root), NET_BIND_SERVICE.
+DEFAULT_CAP_DROP = ("audit_write", "mknod", "net_raw", "setfcap", "setpcap", "sys_chroot")
+
+
+@dataclass(frozen=True)
+class TemplatePolicy:
+    """The site policy every template job is written with (the settings
+    `NRC_TEMPLATE_*`). The defaults are Poseidon's production template, plus
+    the runner hardening Poseidon lacks. `base` is an operator's own template
+    (`NRC_TEMPLATE_JOB_FILE`, as Nomad's API JSON): when set it replaces the
+    built-in one and only the environment's fields, the network mode, force
+    pull and the hardening are applied to it, as Poseidon applies them."""
+
+    memory_reservation_mb: int = 50
+    ephemeral_disk_mb: int = 10
+    network_mode: str = "bridge"
+    datacenters: tuple[str, ...] = ("*",)
+    force_pull: bool = True
+    pids_limit: int = 1024  # 0: no limit
+    cap_drop: tuple[str, ...] = DEFAULT_CAP_DROP
+    no_new_privileges: bool = True
+    base: JsonDict | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the policy: kept in the template's meta, so a template
+        written under another policy is rewritten and its idle runners rolled."""
+        shape = json.dumps(asdict(self), sort_keys=True, default=list)
+        return hashlib.sha256(shape.encode()).hexdigest()[:16]
+
+
+def _builtin_template() -> JsonDict:
     return {
-        "ID": template_job_id(env.id),
-        "Name": template_job_id(env.id),
         "Type": "batch",
         "TaskGroups": [
-            group,
+            {
+                "Name": RUNNER_GROUP,
+                "Count": 0,
+                "Tasks": [{"Name": RUNNER_TASK, "Driver": "docker", "Config": {}}],
+            },
             {
                 "Name": CONFIG_GROUP,
                 "Count": 0,
-                "Meta": {META_POOL_SIZE: str(env.prewarming_pool_size)},
-                "Tasks": [{"Name": CONFIG_GROUP, "Driver": "exec", "Config": {"command": "true"}}],
+                "Tasks": [
+                    {
+                        "Name": CONFIG_GROUP,
+                        "Driver": "exec",
+                        "Config": {"command": "true"},
+                        "LogConfig": dict(LOGS),
+                        "Resources": {"CPU": 1, "MemoryMB": 10},
+                    }
+                ],
             },
         ],
     }
+
+
+def base_template_problem(spec: JsonDict) -> str | None:
+    """Why an operator's template cannot carry runners, or None: it needs the
+    runner group with the Docker task commands are run in."""
+    group = _group(spec, RUNNER_GROUP)
+    if group is None:
+        return f"no task group {RUNNER_GROUP!r}"
+    task = next(
+        (
+            t
+            for t in group.get("Tasks") or []
+            if isinstance(t, dict) and t.get("Name") == RUNNER_TASK
+        ),
+        None,
+    )
+    if task is None:
+        return f"no task {RUNNER_TASK!r} in group {RUNNER_GROUP!r}"
+    if task.get("Driver") != "docker":
+        return f"task {RUNNER_TASK!r} uses driver {task.get('Driver')!r}, not 'docker'"
+    return None
+
+
+def template_job(env: Environment, policy: TemplatePolicy | None = None) -> JsonDict:
+    """The template job for an environment (the runner group never runs here):
+    the policy's template with the environment's fields applied."""
+    policy = policy or TemplatePolicy()
+    custom = policy.base is not None
+    spec = json.loads(json.dumps(policy.base)) if custom else _builtin_template()
+    for key in (*_SERVER_FIELDS, "Namespace", "Region"):
+        spec.pop(key, None)
+    spec["ID"] = spec["Name"] = template_job_id(env.id)
+    spec["Type"] = "batch"
+    group = _group(spec, RUNNER_GROUP)
+    if group is None:
+        raise ValueError(base_template_problem(spec))
+    group["Count"] = 0
+    task = _runner_task(spec)
+    if not custom:
+        spec["Datacenters"] = list(policy.datacenters)
+        group["EphemeralDisk"] = {
+            "Migrate": False,
+            "SizeMB": policy.ephemeral_disk_mb,
+            "Sticky": False,
+        }
+        group["Spreads"] = [dict(SPREAD)]
+        group["RestartPolicy"] = dict(RESTART_POLICY)
+        group["ReschedulePolicy"] = dict(RESCHEDULE_POLICY)
+        task["KillTimeout"] = 0  # SIGKILL at once: nothing in a runner is worth waiting for
+        task["KillSignal"] = "SIGKILL"
+        task["LogConfig"] = dict(LOGS)
+        task["Resources"] = {"MemoryMB": policy.memory_reservation_mb}
+    # A parsed template has null for what it does not set.
+    config: JsonDict = task.get("Config") or {}
+    resources: JsonDict = task.get("Resources") or {}
+    task["Config"], task["Resources"] = config, resources
+    config["image"] = env.image
+    config["command"] = "sleep"
+    config["args"] = ["infinity"]
+    resources["CPU"] = env.cpu_limit
+    # The limit is the most a runner may use (Nomad's memory oversubscription);
+    # only the reservation counts for placement. Nomad refuses a maximum below
+    # the reservation, so a smaller limit is reserved whole.
+    reserved = int(resources.get("MemoryMB") or policy.memory_reservation_mb)
+    resources["MemoryMB"] = min(reserved, env.memory_limit)
+    resources["MemoryMaxMB"] = env.memory_limit
+    if env.network_access:
+        group["Networks"] = [
+            {
+                "Mode": policy.network_mode,
+                "DynamicPorts": [{"Label": str(p), "To": p} for p in sorted(env.exposed_ports)],
+            }
+        ]
+        # Cleared, not "bridge": Docker's bridge would attach the runner to
+        # docker0 beside every other container on the node.
+        config["network_mode"] = ""
+    else:
+        # Nomad has no group network mode "none"; Docker's is the isolation.
+        config["network_mode"] = "none"
+        group["Networks"] = []
+    config["force_pull"] = policy.force_pull
+    if policy.pids_limit:
+        config["pids_limit"] = policy.pids_limit
+    if policy.cap_drop:
+        config["cap_drop"] = list(policy.cap_drop)
+    if policy.no_new_privileges:
+        options = [o for o in config.get("security_opt") or [] if o != "no-new-privileges"]
+        config["security_opt"] = [*options, "no-new-privileges"]
+    _set_meta(
+        spec,
+        {
+            META_USED: "false",
+            META_POOL_SIZE: str(env.prewarming_pool_size),
+            META_TEMPLATE_POLICY: policy.fingerprint,
+        },
+    )
+    return spec
 
 
 def _clean_copy(spec: JsonDict) -> JsonDict:
@@ -211,7 +357,11 @@ def _set_meta(spec: JsonDict, values: dict[str, str], drop: tuple[str, ...] = ()
 
 
 def runner_job(template: JsonDict, env: Environment, job_id: str) -> JsonDict:
-    """A new idle runner job built from the template spec."""
+    """A new idle runner job built from the template spec. Its hash is the
+    environment's under the policy the template was written with (from the
+    template's meta), whatever policy `env` carries."""
+    source = _meta(template).get(META_TEMPLATE_POLICY, "")
+    built_from = env if env.template_source == source else replace(env, template_source=source)
     spec = _clean_copy(template)
     spec["ID"] = job_id
     spec["Name"] = job_id
@@ -222,8 +372,8 @@ def runner_job(template: JsonDict, env: Environment, job_id: str) -> JsonDict:
         group["Count"] = 1
     _set_meta(
         spec,
-        {META_USED: "false", META_TIMEOUT: "0", META_TEMPLATE_HASH: env.template_hash},
-        drop=(META_POOL_SIZE,),
+        {META_USED: "false", META_TIMEOUT: "0", META_TEMPLATE_HASH: built_from.template_hash},
+        drop=(META_POOL_SIZE, META_TEMPLATE_POLICY),
     )
     return spec
 

@@ -54,6 +54,7 @@ class Pools:
         ready: Callable[[], bool],
         enqueue: Callable[[int], None],
         prewarmer: Prewarmer | None = None,
+        template: jobs.TemplatePolicy | None = None,
     ) -> None:
         self._gateway = gateway
         self._observer = observer
@@ -66,6 +67,7 @@ class Pools:
         self.ready = ready  # serving: leading and Nomad observed since
         self._enqueue = enqueue
         self._prewarmer = prewarmer  # None: static pools
+        self.template = template or jobs.TemplatePolicy()  # what every template is written with
 
     # -- Nomad, as observed ------------------------------------------------------
 
@@ -137,7 +139,7 @@ class Pools:
         if not self.is_leader():
             raise NotLeader
         created = self._known().templates.get(env.id) is None
-        self._writer.register(jobs.template_job(env))
+        self._writer.register(jobs.template_job(env, self.template))
         self._enqueue(env.id)
         return created
 

@@ -68,6 +68,7 @@ class ControllerSettings:
     leader_ttl_s: float = 15.0
     plan: PlanSettings = field(default_factory=PlanSettings)
     prewarm: PrewarmSettings = field(default_factory=PrewarmSettings)
+    template: jobs.TemplatePolicy = field(default_factory=jobs.TemplatePolicy)
 
 
 class Controller:
@@ -142,6 +143,8 @@ class Controller:
             settings=s.plan,
             is_leader=self.is_leader,
             prewarmer=self.prewarmer,
+            template=s.template,
+            writer=self.writer,
         )
         self.worker: Worker[int] = Worker(
             reconciler=self.reconciler,
@@ -165,6 +168,7 @@ class Controller:
             ready=self.ready,
             enqueue=self.enqueue,
             prewarmer=self.prewarmer,
+            template=s.template,
         )
         self._stream_factory = stream_factory
         self._stream: EventSource | None = None

@@ -10,6 +10,7 @@ it. It returns a `worker.Result` and never touches the queue.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Protocol
@@ -17,11 +18,15 @@ from typing import Protocol
 from controller.clock import Clock
 from controller.metrics import Metrics
 from controller.model import SECOND, Phase, RunnerView, Template
+from controller.nomad import jobs
+from controller.nomad.gateway import IndexConflict, NomadAPIError, NomadUnavailable
 from controller.reconcile.expectations import Pending
 from controller.reconcile.plan import Action, Budget, PlanInput, PlanSettings, PoolCounts, plan
 from controller.reconcile.prewarming import Prewarmer
 from controller.reconcile.snapshot import Snapshot
 from controller.reconcile.worker import Result
+
+log = logging.getLogger(__name__)
 
 
 class Observes(Protocol):
@@ -37,6 +42,12 @@ class Acts(Protocol):
     def execute(
         self, env_id: int, actions: tuple[Action, ...], template: Template | None
     ) -> int: ...
+
+
+class WritesSpecs(Protocol):
+    def register(
+        self, spec: jobs.JsonDict, *, enforce_index: int | None = None
+    ) -> jobs.JsonDict: ...
 
 
 class KnowsClaims(Protocol):
@@ -57,6 +68,8 @@ class PoolReconciler:
         settings: PlanSettings,
         is_leader: Callable[[], bool],
         prewarmer: Prewarmer | None = None,
+        template: jobs.TemplatePolicy | None = None,
+        writer: WritesSpecs | None = None,
     ) -> None:
         self._observer = observer
         self._claims = claims
@@ -66,6 +79,8 @@ class PoolReconciler:
         self._settings = settings
         self._is_leader = is_leader
         self._prewarmer = prewarmer  # None: static pools (prewarmingPoolSize)
+        self._template = template or jobs.TemplatePolicy()
+        self._writer = writer  # None: templates written under another policy are kept
         self._lock = threading.Lock()  # guards the per-environment state below
         self._budgets: dict[int, Budget] = {}
         self._degraded: set[int] = set()
@@ -86,6 +101,10 @@ class PoolReconciler:
         snap, pending = self._observer.snapshot_and_pending(env_id)
         now = self._clock.now_ns()
         template = snap.templates.get(env_id)
+        if template is not None and self._outdated(template):
+            # The next pass sees the new template and rolls the idle runners.
+            ok = self._rewrite(template)
+            return Result(requeue_after_s=0.0 if ok else None, failed_writes=0 if ok else 1)
         views = snap.views(env_id)
         with self._lock:
             if template is None and views:
@@ -136,6 +155,28 @@ class PoolReconciler:
         wakes = [w for w in (result.wake_at, policy_wake) if w is not None]
         requeue = (min(wakes) - now) / SECOND if wakes else None
         return Result(requeue_after_s=requeue, failed_writes=failed, cost_s=cost)
+
+    def _outdated(self, template: Template) -> bool:
+        """Written by us under another site policy (new settings or a new
+        template file). Templates without a policy (Poseidon's, or an older
+        controller's) are kept as they are until the environment's next PUT:
+        adopting a namespace replaces no runner."""
+        source = template.env.template_source
+        return self._writer is not None and source not in ("", self._template.fingerprint)
+
+    def _rewrite(self, template: Template) -> bool:
+        assert self._writer is not None
+        spec = jobs.template_job(template.env, self._template)
+        try:
+            # Over the version we read: a PUT meanwhile wins (it used the new policy).
+            self._writer.register(spec, enforce_index=template.job_modify_index)
+        except IndexConflict:
+            return True
+        except (NomadUnavailable, NomadAPIError) as exc:
+            log.warning("rewriting template %s under the new policy: %s", jobs.job_id(spec), exc)
+            return False
+        log.info("template %s rewritten under the current template policy", jobs.job_id(spec))
+        return True
 
     def orphaned_now(self, env_id: int) -> None:
         """The environment's template was deleted on purpose: no grace period

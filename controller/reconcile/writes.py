@@ -10,12 +10,15 @@ never from the older spec a list still shows.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Protocol
 
 from controller.nomad import jobs
 from controller.nomad.gateway import WriteResult
 
 JsonDict = dict[str, Any]
+
+log = logging.getLogger(__name__)
 
 
 class Registers(Protocol):
@@ -37,6 +40,12 @@ class SpecWriter:
         Raises IndexConflict, NomadUnavailable and NomadAPIError as the
         gateway does, and then nothing is shown."""
         result = self._gateway.register_job(spec, enforce_index=enforce_index)
+        if result.warnings and jobs.template_env_id(jobs.job_id(spec)) is not None:
+            # Once per template write, not per runner: an operator must see
+            # e.g. that without memory oversubscription every runner is held
+            # to its 50 MB reservation.
+            for warning in result.warnings:
+                log.warning("Nomad warns about %s: %s", jobs.job_id(spec), warning)
         written = jobs.with_modify_index(spec, result.job_modify_index)
         self._observer.apply_spec(jobs.job_id(written), written)
         return written

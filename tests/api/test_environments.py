@@ -11,6 +11,7 @@ from controller.nomad import jobs
 from controller.reconcile.prewarming import PrewarmSettings
 from tests.helpers import Http, wait_until
 from tests.support.api_client import API, Api, MakeApi, dumps, environment_body, error_of
+from tests.support.poseidon import POSEIDON_HCL, as_poseidon_registers
 
 
 def url(env_id: int | str) -> str:
@@ -231,3 +232,30 @@ def test_prewarming_of_an_adaptive_pool_shows_its_forecast(make_api: MakeApi) ->
     assert body["forecast"]["leadTimeSeconds"] > 0
     stats = api.client.get(f"{API}/statistics/execution-environments").json()
     assert stats["4"]["prewarmingPoolSize"] == 2  # unchanged: the floor
+
+
+def test_an_adopted_poseidon_template_shows_its_environment(api: Api, env_id: int) -> None:
+    # Registered as Poseidon registers it: its own HCL (parsed by Nomad) with
+    # memoryLimit as MemoryMaxMB over a 50 MB reservation.
+    http = Http(api.sim.address)
+    parsed = http.request("POST", "/v1/jobs/parse", json={"JobHCL": POSEIDON_HCL.read_text()})
+    env = Environment(
+        id=env_id,
+        image="openhpi/co_execenv_java:17",
+        cpu_limit=40,
+        memory_limit=512,
+        network_access=True,
+        exposed_ports=(8080,),
+        prewarming_pool_size=0,
+    )
+    http.register(as_poseidon_registers(parsed.json(), env))
+    shown = api.client.get(url(env_id), params={"fetch": "true"}).json()
+    assert shown == {
+        "id": env_id,
+        "image": "openhpi/co_execenv_java:17",
+        "cpuLimit": 40,
+        "memoryLimit": 512,
+        "networkAccess": True,
+        "exposedPorts": [8080],
+        "prewarmingPoolSize": 0,
+    }

@@ -56,7 +56,8 @@ def sim_config(scenario: Scenario) -> SimConfig:
         migration_stop_lag_ms=30.0,
         heartbeat_interval_ms=200.0,
         stale_lag_ms=scenario.stale_lag_ms,
-        # Restart delay 1 s ⇒ 50 ms, batch reschedule delay 5 s ⇒ 250 ms.
+        # Runner templates: restart delay 15 s ⇒ 750 ms, reschedule delay 1 m ⇒ 3 s
+        # (doubling to 4 m ⇒ 12 s); a batch default of 5 s ⇒ 250 ms.
         time_scale=0.05,
         **TOPOLOGY,
     )

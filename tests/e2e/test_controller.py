@@ -357,8 +357,9 @@ def test_no_capacity_backs_off_and_degrades_then_recovers(
             degraded_after=3,
         ),
     )
-    # more memory than any node has: every allocation stays unplaced
-    huge = Environment(id=15, image="python:3.12", memory_limit=10**7, prewarming_pool_size=2)
+    # more CPU than any node has: every allocation stays unplaced (memory
+    # would not do: only its 50 MB reservation counts for placement)
+    huge = Environment(id=15, image="python:3.12", cpu_limit=10**7, prewarming_pool_size=2)
     c.pools.put_environment(huge)
     wait_until(lambda: c.pools.degraded(huge.id), timeout=10)
     assert c.metrics.environment_degraded.labels("15")._value.get() == 1
@@ -366,7 +367,7 @@ def test_no_capacity_backs_off_and_degrades_then_recovers(
     assert len(runner_jobs(sim)) <= 2
     created = registered(sim) - 1
     assert created <= 2 * 4  # ≤ 4 rounds of 2 within the backoff so far
-    fixed = Environment(id=15, image="python:3.12", memory_limit=128, prewarming_pool_size=2)
+    fixed = Environment(id=15, image="python:3.12", cpu_limit=100, prewarming_pool_size=2)
     c.pools.put_environment(fixed)
     wait_until(lambda: converged(c, sim, fixed), timeout=10)
     wait_until(lambda: not c.pools.degraded(huge.id), timeout=10)

@@ -147,7 +147,7 @@ def outdated(pool: Pool, ids: list[str]) -> None:
     changed = replace(ENV, image="python:3.13")
     pool.nomad.put(jobs.template_job(changed))
     template = pool.nomad.specs[jobs.template_job_id(ENV.id)]
-    pool.nomad.put(jobs.runner_job(template, changed, ids[1]))
+    pool.nomad.put(jobs.runner_job(template, jobs.environment_from_job(template, ENV.id), ids[1]))
 
 
 def being_deleted(pool: Pool, ids: list[str]) -> None:

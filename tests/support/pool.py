@@ -91,7 +91,9 @@ class Pool:
         """A runner job of the environment with one allocation in `status`."""
         template = self.nomad.specs[jobs.template_job_id(env.id)]
         job_id = jobs.runner_job_id(env.id, f"00000000-0000-4000-8000-{next(self._uids):012d}")
-        self.nomad.put(jobs.runner_job(template, env, job_id))
+        # Built from the template as observed (with the policy it was written under).
+        observed = jobs.environment_from_job(template, env.id)
+        self.nomad.put(jobs.runner_job(template, observed, job_id))
         self.nomad.run(job_id, status)
         return job_id
 

@@ -38,4 +38,7 @@ FAST: dict[str, Any] = {
     "heartbeat_interval_ms": 200.0,
     "stale_lag_ms": 300.0,
     **TOPOLOGY,
+    # Stops take stop_delay_ms even for jobs without Poseidon's SIGKILL/0s
+    # (tests/sim/test_placement.py turns the 5 s kill_timeout wait on).
+    "kill_timeouts": False,
 }
