@@ -177,7 +177,9 @@ DESCRIPTIONS = {
     410: "The runner is not available any longer: unknown, released, or lost (the "
     "message says why it was lost).",
     409: "The runner's file system conflicts with the request: a directory where a file "
-    "is to be copied, or a file where a directory is needed. Delete it first.",
+    "is to be copied, or a file where a directory is needed (delete it first); or a "
+    "symbolic link on the path, which file operations never follow (for list and "
+    "download: privileged ones).",
     413: "The request body exceeds its limit (1 MiB; PATCH /files: NRC_FILES_MAX_UPLOAD).",
     416: "The Range lies beyond the end of the file (Content-Range names its size).",
     424: "The path does not exist, cannot be read, or (for a download) is not a file.",

@@ -410,7 +410,7 @@ def router(
             "does not exist or cannot be read. Restarts the runner's inactivity timer."
         ),
         response_model=FileListing,
-        responses=responses(400, 410, 424, 500, 503),
+        responses=responses(400, 409, 410, 424, 500, 503),
     )
     async def list_files(
         runnerId: RunnerId,
@@ -455,7 +455,7 @@ def router(
                 "content": {"application/octet-stream": {"schema": {"type": "string"}}},
             },
             206: {"description": "The requested range of the file."},
-            **responses(400, 410, 416, 424, 500, 503),
+            **responses(400, 409, 410, 416, 424, 500, 503),
         },
     )
     async def download(

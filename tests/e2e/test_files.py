@@ -413,3 +413,40 @@ def test_the_codeocean_run_killed_for_memory(world: World) -> None:
     r = world.list_files(runner)
     assert r.status_code == 410
     assert "oom_killed" in r.json()["message"]
+
+
+def test_links_a_student_plants_never_redirect_a_file_operation(
+    world: World, tmp_path: Any
+) -> None:
+    """The attacks of issue 24 (finding 1 and 2), as a student's code makes them."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("v")
+    (outside / "secret").write_text("root only")
+    os.chmod(outside / "secret", 0o600)
+    runner = world.claim()
+    run = world.run(
+        runner,
+        f"ln -s {outside} out && ln -s {outside}/secret leak && mkdir -- -delete && touch keep",
+    )
+    assert run.last == {"type": "exit", "data": 0}, run.frames
+    r = world.patch_files(runner, {"out/pwned.txt": b"x", "out/new/": None})
+    assert (r.status_code, r.json()["message"]) == (
+        409,
+        "'out' is a symbolic link: file operations never follow one",
+    )
+    r = world.patch_files(runner, {}, delete=["out/victim.txt"])
+    assert r.status_code == 409 and "'out' is a symbolic link" in r.json()["message"]
+    r = requests.get(
+        world.url(f"/runners/{runner}/files/raw"),
+        params={"path": "leak", "privilegedExecution": "true"},
+        headers=AUTH,
+        timeout=30,
+    )
+    assert r.status_code == 409 and "'leak' is a symbolic link" in r.json()["message"]
+    r = world.list_files(runner, path="out/", privilegedExecution="true")
+    assert r.status_code == 409 and "'out' is a symbolic link" in r.json()["message"]
+    r = world.list_files(runner, path="-delete", privilegedExecution="true")
+    assert (r.status_code, r.json()) == (200, {"files": []})
+    assert sorted(p.name for p in outside.iterdir()) == ["secret", "victim.txt"]
+    assert "./keep" in world.files(runner)
