@@ -16,6 +16,7 @@ Durations accept plain seconds (`30`, `0.5`) or Go durations (`30s`, `5m`,
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import math
 import os
@@ -255,6 +256,20 @@ def _allowed(text: str, *, duration: bool = False, secret: bool = False) -> dict
     return {"allowed": text, "duration": duration, "secret": secret}
 
 
+MIN_API_TOKEN_LENGTH = 16
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach an API bound to `host`: `localhost`
+    or a loopback address; any other name may resolve to anything."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class Settings(BaseSettings):
     """Every setting of the controller, read from environment variables.
 
@@ -338,8 +353,12 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(
         default=None,
         alias="NRC_API_TOKEN",
-        description="Bearer token API clients must send (secret); unset disables authentication.",
-        json_schema_extra=_allowed(_TOKEN, secret=True),
+        description="Bearer token API clients must send (secret, 16 characters or more); "
+        "unset, `run` only serves on loopback (see NRC_API_ALLOW_UNAUTHENTICATED).",
+        json_schema_extra=_allowed(
+            "a token of 16 or more characters without whitespace or control characters",
+            secret=True,
+        ),
     )
 
     api_websocket_scheme: Annotated[Literal["ws", "wss"], BeforeValidator(_lower)] = Field(
@@ -653,6 +672,15 @@ class Settings(BaseSettings):
         json_schema_extra=_allowed("one of json, text, auto"),
     )
 
+    # --- security: authentication that cannot fail open, browser defences, bounds ---
+    api_allow_unauthenticated: Boolean = Field(
+        default=False,
+        alias="NRC_API_ALLOW_UNAUTHENTICATED",
+        description="Let `run` serve without NRC_API_TOKEN on an address other than "
+        "loopback (anyone who reaches it drives the runners); without it, it refuses to start.",
+        json_schema_extra=_allowed(_BOOLEAN),
+    )
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -689,6 +717,14 @@ class Settings(BaseSettings):
         # startup rather than on every request.
         if value is not None and not _NO_SPACE.fullmatch(value.get_secret_value()):
             raise ValueError("whitespace in token")
+        return value
+
+    @field_validator("api_token")
+    @classmethod
+    def _check_api_token(cls, value: SecretStr | None) -> SecretStr | None:
+        # A short token can be guessed; the platform stores it, nobody types it.
+        if value is not None and len(value.get_secret_value()) < MIN_API_TOKEN_LENGTH:
+            raise ValueError(f"shorter than {MIN_API_TOKEN_LENGTH} characters")
         return value
 
     @field_validator("nomad_namespace")
@@ -776,6 +812,19 @@ class Settings(BaseSettings):
         return self
 
     # --- what the rest of the controller needs ---
+
+    def open_api_problem(self) -> str | None:
+        """Why `run` must not start: the API would take requests without a
+        token on an address other than loopback, and nobody said so."""
+        if self.api_token is not None or self.api_allow_unauthenticated:
+            return None
+        if is_loopback(self.api_host):
+            return None
+        return (
+            f"NRC_API_TOKEN is not set and the API would listen on {self.api_host}, open to "
+            "anyone who reaches it: set NRC_API_TOKEN (16 characters or more), listen on "
+            "127.0.0.1, or set NRC_API_ALLOW_UNAUTHENTICATED=true"
+        )
 
     @property
     def api_auth_token(self) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import secrets
 import shlex
 import signal
 import threading
@@ -17,6 +18,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from pydantic import SecretStr
 
 from controller.api.app import create_app
 from controller.api.executions import WebSocketUrls
@@ -170,6 +172,11 @@ def serve(service: Service, on_started: Callable[[str], None] | None = None) -> 
 def run(settings: Settings) -> int:
     configure_logging(settings.log_level, settings.effective_log_format)
     log.info("controller against Nomad at %s", settings.nomad_addr)
+    if settings.api_token is None:
+        log.warning(
+            "NRC_API_TOKEN is not set: the API on %s takes requests without authentication",
+            settings.api_host,
+        )
     return serve(build(settings))
 
 
@@ -189,6 +196,10 @@ def dev(settings: Settings, topology: dict[str, Any] | None = None) -> int:
         # this host, which has no /sbin/setuser: its stand-in takes that place
         # unless the operator chose a wrapper.
         changes: dict[str, Any] = {"leader_election": False}
+        # The simulator runs commands on this host: never without a token,
+        # or a web page the developer opens could run them (one is made up).
+        if settings.api_token is None:
+            changes["api_token"] = SecretStr(secrets.token_urlsafe(24))
         if "exec_unprivileged_wrapper" not in settings.model_fields_set:
             setuser = sim.call(lambda: sim.sim.setuser_path)
             changes["exec_unprivileged_wrapper"] = f"{shlex.quote(str(setuser))} user"
@@ -196,7 +207,7 @@ def dev(settings: Settings, topology: dict[str, Any] | None = None) -> int:
 
         def started(api: str) -> None:
             service.controller.pools.put_environment(DEMO_ENVIRONMENT)
-            print(dev_banner(api, sim.address, settings.api_auth_token), flush=True)
+            print(dev_banner(api, sim.address, service.settings.api_auth_token), flush=True)
 
         return serve(service, started)
     finally:
@@ -223,6 +234,11 @@ def dev_banner(api: str, nomad: str, token: str | None) -> str:
             f"  metrics    {api}/metrics",
             f"  simulator  {nomad}  (NOMAD_ADDR for the nomad CLI or python-nomad)",
             f"  demo environment {env.id}: pool of {env.prewarming_pool_size} runners",
+            *(
+                [f"  API token  {token}  (Authorization: Bearer or Poseidon-Token)"]
+                if token
+                else []
+            ),
             "",
             "# create an environment",
             f"curl -s -X PUT {auth}{json_header}-d {shlex.quote(body)} "

@@ -24,7 +24,7 @@ from nomadsim import SimServer
 from tests.helpers import wait_until
 
 API = "/api/v1"
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-16ch"
 ROOT_URI = "urn:nrc-openapi"
 # How the API tests' controllers reach Nomad (`tests.support.controller.start_controller`
 # keywords): a short timeout, few and fast retries.
