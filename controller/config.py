@@ -680,6 +680,21 @@ class Settings(BaseSettings):
         "loopback (anyone who reaches it drives the runners); without it, it refuses to start.",
         json_schema_extra=_allowed(_BOOLEAN),
     )
+    api_allowed_hosts: str | None = Field(
+        default=None,
+        alias="NRC_API_ALLOWED_HOSTS",
+        description="Host header values the API answers (others: 400; DNS rebinding), "
+        "comma-separated, * for any; unset: NRC_API_HOST, localhost, 127.0.0.1 and ::1, "
+        "or any when NRC_API_HOST is 0.0.0.0 or ::.",
+        json_schema_extra=_allowed("host names or addresses without port, comma-separated, or *"),
+    )
+    api_allowed_origins: str | None = Field(
+        default=None,
+        alias="NRC_API_ALLOWED_ORIGINS",
+        description="Browser origins (scheme://host[:port]) the execution WebSocket accepts, "
+        "comma-separated; unset: none. A handshake without Origin (not a browser) is accepted.",
+        json_schema_extra=_allowed("origins such as https://lms.example, comma-separated"),
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -757,6 +772,16 @@ class Settings(BaseSettings):
         if value not in ("none", "bridge", "host") and not _CNI_MODE.fullmatch(value):
             raise ValueError("not a network mode")
         return value
+
+    @field_validator("api_allowed_hosts", "api_allowed_origins")
+    @classmethod
+    def _check_list(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        names = [n.strip() for n in value.split(",")]
+        if not all(_NO_SPACE.fullmatch(n) for n in names):
+            raise ValueError("an empty or blank entry")
+        return ",".join(names)
 
     @field_validator("template_datacenters")
     @classmethod

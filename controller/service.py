@@ -22,6 +22,7 @@ from pydantic import SecretStr
 
 from controller.api.app import create_app
 from controller.api.executions import WebSocketUrls
+from controller.api.guard import allowed_hosts
 from controller.config import Settings
 from controller.execution.service import executions
 from controller.files.service import Files
@@ -101,6 +102,12 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
     app = create_app(
         controller.pools,
         api_token=settings.api_auth_token,
+        allowed_hosts=allowed_hosts(
+            (settings.api_allowed_hosts or "").split(","), settings.api_host
+        ),
+        allowed_origins=tuple((settings.api_allowed_origins or "").split(","))
+        if settings.api_allowed_origins
+        else (),
         max_pool_size=settings.max_pool_size,
         pool_alert_threshold=settings.pool_alert_threshold,
         execution=executions(controller.pools, exec_client, settings.execution_settings()),

@@ -6,8 +6,9 @@ the root, `/healthz`, `/readyz` and `/metrics`. It never talks to Nomad
 itself: every route calls the controller, which owns all state.
 
 Layers, outermost first: `CatchAll` (500 UNKNOWN for anything unhandled),
-`BodyLimit` (413), FastAPI's exception handlers (`controller.api.errors`),
-token authentication on the protected routers, then the routes.
+`TrustedHost` (400, `guard`), `BodyLimit` (413), FastAPI's exception
+handlers (`controller.api.errors`), token authentication on the protected
+routers, then the routes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from controller.api.body import (
     too_large_message,
 )
 from controller.api.executions import WebSocketUrls
+from controller.api.guard import TrustedHost
 from controller.execution.service import Executions, NoExec
 from controller.execution.service import executions as default_executions
 from controller.files.service import Files, FileSettings
@@ -77,9 +79,13 @@ def create_app(
     websocket_urls: WebSocketUrls | None = None,
     file_service: Files | None = None,
     max_upload_bytes: int = FileSettings().max_upload_bytes,
+    allowed_hosts: frozenset[str] | None = None,
+    allowed_origins: tuple[str, ...] = (),
 ) -> FastAPI:
     """The API application; the caller runs it (uvicorn) and owns the controller.
-    Without `execution`, executions end with an error frame (no Nomad exec)."""
+    Without `execution`, executions end with an error frame (no Nomad exec).
+    `allowed_hosts`: the trusted `Host` names (None: any); `allowed_origins`:
+    the browser origins the execution WebSocket accepts (`guard`)."""
     if max_pool_size < 0:
         raise ValueError("max_pool_size must not be negative")
     if not 0.0 <= pool_alert_threshold <= 1.0:
@@ -106,6 +112,7 @@ def create_app(
             api_token,
             websocket_urls or WebSocketUrls(),
             API_PREFIX,
+            allowed_origins,
         ),
         prefix=API_PREFIX,
     )
@@ -127,6 +134,7 @@ def create_app(
     app.add_exception_handler(BodyTooLarge, body_too_large)
     uploads = RouteLimit("PATCH", re.compile(f"{API_PREFIX}/runners/[^/]+/files"), max_upload_bytes)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, routes=[uploads])
+    app.add_middleware(TrustedHost, allowed=allowed_hosts)
     app.add_middleware(errors.CatchAll)
 
     def schema() -> dict[str, Any]:

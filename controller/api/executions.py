@@ -23,6 +23,7 @@ from starlette.websockets import WebSocketDisconnect
 from controller.api.auth import headers_offer
 from controller.api.body import json_body, request_body
 from controller.api.errors import ApiError, error_response, not_leader_message, responses
+from controller.api.guard import origin_allowed
 from controller.api.models import ErrorCode, ExecutionCreated, ExecutionRequest
 from controller.api.runners import claimed_runner, expired_message
 from controller.execution.command import ExecutionRequest as Command
@@ -113,6 +114,7 @@ def router(
     api_token: str | None,
     urls: WebSocketUrls,
     prefix: str,
+    allowed_origins: tuple[str, ...] = (),
 ) -> APIRouter:
     api = APIRouter(prefix="/runners", tags=["runner"])
 
@@ -124,7 +126,7 @@ def router(
             "URLs expire). Restarts the runner's inactivity timer."
         ),
         response_model=ExecutionCreated,
-        responses=responses(400, 410, 413, 503),
+        responses=responses(400, 410, 413, 415, 503),
         openapi_extra=request_body(ExecutionRequest, "The command and how to run it."),
         dependencies=dependencies,
     )
@@ -160,6 +162,10 @@ def router(
 
     @api.websocket("/{runnerId}/websocket")
     async def websocket(websocket: WebSocket, runnerId: str) -> None:
+        if not origin_allowed(websocket.headers.get("origin"), allowed_origins):
+            # A web page's script, whatever it holds: browsers send Origin.
+            await _deny(websocket, 403, "this Origin may not connect (NRC_API_ALLOWED_ORIGINS)")
+            return
         if api_token is not None and not headers_offer(websocket.headers, api_token):
             await _deny(websocket, 401, "authentication required: send the API token")
             return

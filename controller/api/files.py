@@ -36,7 +36,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from controller.api.body import BodyTooLarge, request_body, too_large_message
+from controller.api.body import BodyTooLarge, request_body, require_json, too_large_message
 from controller.api.errors import ApiError, responses
 from controller.api.models import ErrorCode, FileListing, FileUpdate
 from controller.api.runners import claimed_runner, expired_message
@@ -358,7 +358,7 @@ def router(
         response_class=Response,
         responses={
             204: {"description": "Everything was deleted and copied."},
-            **responses(400, 409, 410, 413, 500, 503),
+            **responses(400, 409, 410, 413, 415, 500, 503),
         },
         openapi_extra=request_body(FileUpdate, "What to delete, then what to copy."),
     )
@@ -377,7 +377,11 @@ def router(
             with tempfile.TemporaryFile(prefix="nrc-upload-") as spool:
                 try:
                     await _spool(request, spool)
+                    require_json(request)  # 415, once the body is read as for any answer
                     upload = await run_in_threadpool(parse, spool.fileno())
+                except ApiError:
+                    count("copy", "bad_request")
+                    raise
                 except BodyTooLarge:
                     count("copy", "bad_request")
                     raise ApiError(413, too_large_message(max_upload_bytes)) from None
