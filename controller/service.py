@@ -176,8 +176,14 @@ def serve(service: Service, on_started: Callable[[str], None] | None = None) -> 
     return 0
 
 
+def _secrets(settings: Settings) -> list[str]:
+    """The values no log line may show."""
+    nomad = settings.nomad_token.get_secret_value() if settings.nomad_token else None
+    return [s for s in (settings.api_auth_token, nomad) if s]
+
+
 def run(settings: Settings) -> int:
-    configure_logging(settings.log_level, settings.effective_log_format)
+    configure_logging(settings.log_level, settings.effective_log_format, _secrets(settings))
     log.info("controller against Nomad at %s", settings.nomad_addr)
     if settings.api_token is None:
         log.warning(
@@ -193,7 +199,11 @@ def dev(settings: Settings, topology: dict[str, Any] | None = None) -> int:
     connection limits; its production defaults when not given)."""
     from nomadsim import SimConfig, SimServer
 
-    configure_logging(settings.log_level, settings.effective_log_format)
+    # The simulator runs commands on this host: never without a token, or a
+    # web page the developer opens could run them (one is made up).
+    if settings.api_token is None:
+        settings = replace_settings(settings, api_token=SecretStr(secrets.token_urlsafe(24)))
+    configure_logging(settings.log_level, settings.effective_log_format, _secrets(settings))
     sim = SimServer(
         SimConfig(nodes=3, startup_delay_ms=500.0, stop_delay_ms=200.0, **(topology or {}))
     )
@@ -203,10 +213,6 @@ def dev(settings: Settings, topology: dict[str, Any] | None = None) -> int:
         # this host, which has no /sbin/setuser: its stand-in takes that place
         # unless the operator chose a wrapper.
         changes: dict[str, Any] = {"leader_election": False}
-        # The simulator runs commands on this host: never without a token,
-        # or a web page the developer opens could run them (one is made up).
-        if settings.api_token is None:
-            changes["api_token"] = SecretStr(secrets.token_urlsafe(24))
         if "exec_unprivileged_wrapper" not in settings.model_fields_set:
             setuser = sim.call(lambda: sim.sim.setuser_path)
             changes["exec_unprivileged_wrapper"] = f"{shlex.quote(str(setuser))} user"

@@ -10,6 +10,7 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -108,6 +109,65 @@ def test_run_against_a_nomad_and_stop_on_sigterm(
     output = run.output()
     assert "s3cret-token-16ch" not in output
     assert "Traceback" not in output
+
+
+def test_no_token_or_command_in_any_log_line_of_a_full_run_at_debug(
+    make_sim: Any, processes: list[ChildProcess]
+) -> None:
+    """Issue 24, finding 5: at DEBUG the websockets and uvicorn loggers printed
+    Poseidon-Token and X-Nomad-Token, and the exec URL with every command."""
+    nomad_token, api_token = "nomad-acl-secret-4f1d2a", "api-secret-token-9c3e7b"
+    sim = make_sim(acl_token=nomad_token)
+    settings = {
+        "NRC_LOG_FORMAT": "text",
+        "NRC_LOG_LEVEL": "DEBUG",
+        "NOMAD_TOKEN": nomad_token,
+        "NRC_API_TOKEN": api_token,
+    }
+    run = start_controller_process(processes, sim.address, settings, timeout=30)
+    api = f"{run.address}/api/v1"
+    auth = {"Poseidon-Token": api_token}
+    body = {
+        "id": 4,
+        "image": "python:3.12",
+        "prewarmingPoolSize": 1,
+        "cpuLimit": 100,
+        "memoryLimit": 128,
+        "networkAccess": False,
+        "exposedPorts": [],
+    }
+    assert requests.put(f"{api}/execution-environments/4", json=body, headers=auth).ok
+
+    def claim() -> str | None:
+        r = requests.post(
+            f"{api}/runners",
+            json={"executionEnvironmentId": 4, "inactivityTimeout": 60},
+            headers=auth,
+            timeout=5,
+        )
+        return str(r.json()["runnerId"]) if r.status_code == 200 else None
+
+    runner = wait_until(claim, timeout=20, interval=0.1)
+    command = {
+        "command": "echo command-marker-71",
+        "environment": {"ENV_MARKER": "env-value-58"},
+        "privilegedExecution": True,  # no /sbin/setuser on this host
+    }
+    r = requests.post(f"{api}/runners/{runner}/execute", json=command, headers=auth, timeout=5)
+    with connect(r.json()["websocketUrl"], additional_headers=auth) as ws:
+        frames = [json.loads(raw) for raw in ws]
+    assert {"type": "exit", "data": 0} in frames
+    files = requests.get(
+        f"{api}/runners/{runner}/files?privilegedExecution=true", headers=auth, timeout=5
+    )
+    assert files.status_code == 200
+    assert requests.delete(f"{api}/runners/{runner}", headers=auth, timeout=5).status_code == 204
+    assert run.stop(signal.SIGTERM) == 0
+    output = run.output()
+    assert " DEBUG " in output and "websockets" in output  # the chatty loggers did speak
+    for secret in (nomad_token, api_token, "command-marker-71", "env-value-58"):
+        leaks = [line for line in output.splitlines() if secret in line]
+        assert not leaks, leaks[:3]
 
 
 def test_config_prints_every_setting_without_secrets() -> None:
