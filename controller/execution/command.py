@@ -37,6 +37,38 @@ MARKER = "NRC_EXECUTION_ID"
 # names, loosened to one character. The API validates requests against it.
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
+# Names a client's `environment` may not set: they change what bash does
+# before or around the command (BASH_ENV and ENV are sourced, SHELLOPTS and
+# BASHOPTS turn on options, PS4 is expanded under xtrace, IFS re-splits),
+# load code into every program (the loader's LD_*, glibc's GCONV_PATH), define
+# functions (BASH_FUNC_*), or are ours and Nomad's (NRC_EXECUTION_ID marks
+# the processes the timeout kills; NOMAD_* are hidden from commands). PATH is
+# allowed: CodeOcean's images may need it for their toolchains, our own
+# programs are started by absolute path, and the command is the platform's.
+REFUSED_ENV_NAMES = frozenset(
+    {
+        "BASH_ENV",
+        "ENV",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "PROMPT_COMMAND",
+        "PS4",
+        "IFS",
+        "BASH_XTRACEFD",
+        "GLOBIGNORE",
+        "EXECIGNORE",
+        "CDPATH",
+        "GCONV_PATH",
+    }
+)
+REFUSED_ENV_PREFIXES = ("LD_", "BASH_FUNC_", "NRC_", "NOMAD_")
+
+
+def refused_env_name(name: str) -> bool:
+    """Whether a client's `environment` may not set `name` (case as given:
+    the shell and the loader only read these names in upper case)."""
+    return name in REFUSED_ENV_NAMES or name.startswith(REFUSED_ENV_PREFIXES)
+
 
 @dataclass(frozen=True)
 class ExecSettings:
