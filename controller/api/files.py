@@ -40,6 +40,7 @@ from controller.api.body import BodyTooLarge, request_body, require_json, too_la
 from controller.api.errors import ApiError, responses
 from controller.api.models import ErrorCode, FileListing, FileUpdate
 from controller.api.runners import claimed_runner, expired_message
+from controller.files import ranges
 from controller.files.paths import BadPath, to_bytes
 from controller.files.ranges import http_date
 from controller.files.service import (
@@ -130,6 +131,13 @@ def checked_path(value: str, name: str = "path") -> str:
     except BadPath as exc:
         raise ApiError(400, f"{name} {exc}") from None
     return value
+
+
+def checked_range(value: str | None) -> str | None:
+    try:
+        return ranges.checked(value)
+    except ranges.RangeTooLong as exc:
+        raise ApiError(400, str(exc)) from None
 
 
 def content_disposition(path: str) -> str:
@@ -477,7 +485,7 @@ def router(
                 alloc_id,
                 checked_path(target),
                 go_bool(params.get("privilegedExecution"), False),
-                request.headers.get("range"),
+                checked_range(request.headers.get("range")),
                 request.headers.get("if-range"),
             ),
         )

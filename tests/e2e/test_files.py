@@ -450,3 +450,16 @@ def test_links_a_student_plants_never_redirect_a_file_operation(
     assert (r.status_code, r.json()) == (200, {"files": []})
     assert sorted(p.name for p in outside.iterdir()) == ["secret", "victim.txt"]
     assert "./keep" in world.files(runner)
+
+
+def test_a_hostile_range_is_400_or_416_never_500(world: World) -> None:
+    """Issue 24, finding 6: a 40 kB Range blocked the event loop for seconds,
+    a 5,000-digit one was a 500 with a traceback."""
+    runner = world.claim()
+    assert world.patch_files(runner, {"f": b"0123456789"}).status_code == 204
+    r = world.download(runner, "f", Range="bytes=" + " " * 40_000 + "0-1x")
+    assert r.status_code == 400 and "Range" in r.json()["message"]
+    assert world.download(runner, "f", Range="bytes=" + "9" * 5000 + "-").status_code == 400
+    assert world.download(runner, "f", Range="bytes=" + "9" * 100 + "-").status_code == 416
+    r = world.download(runner, "f", Range="bytes=2-" + "9" * 100)
+    assert (r.status_code, r.content) == (206, b"23456789")
