@@ -48,6 +48,7 @@ from pydantic_settings import (
 
 from controller.execution.command import ExecSettings, parse_wrapper
 from controller.execution.service import ExecutionSettings
+from controller.execution.store import Limits
 from controller.files.service import FileSettings
 from controller.model import SECOND
 from controller.nomad.jobs import DEFAULT_CAP_DROP, TemplatePolicy
@@ -696,6 +697,32 @@ class Settings(BaseSettings):
         json_schema_extra=_allowed("origins such as https://lms.example, comma-separated"),
     )
 
+    execution_max_pending_per_runner: Integer = Field(
+        default=16,
+        alias="NRC_EXECUTION_MAX_PENDING_PER_RUNNER",
+        ge=1,
+        description="Execution ids of one runner that may wait for their WebSocket connect; "
+        "another /execute is 429.",
+        json_schema_extra=_allowed("a positive integer"),
+    )
+    execution_max_pending: Integer = Field(
+        default=256,
+        alias="NRC_EXECUTION_MAX_PENDING",
+        ge=1,
+        description="Execution ids that may wait for their WebSocket connect in all; "
+        "another /execute is 429.",
+        json_schema_extra=_allowed("a positive integer"),
+    )
+    execution_max_command_bytes: Integer = Field(
+        default=64 * 1024,
+        alias="NRC_EXECUTION_MAX_COMMAND_SIZE",
+        ge=1024,
+        le=128 * 1024 - 1,
+        description="Largest command with its environment in bytes, as the runner's shell "
+        "gets it (quoted); larger is 400. Linux runs no argument of 128 KiB or more.",
+        json_schema_extra=_allowed("an integer between 1024 and 131071 (bytes)"),
+    )
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -920,6 +947,11 @@ class Settings(BaseSettings):
                 separate_stderr=self.exec_separate_stderr,
             ),
             id_ttl_s=self.execution_id_ttl_s,
+            limits=Limits(
+                max_pending_per_runner=self.execution_max_pending_per_runner,
+                max_pending=self.execution_max_pending,
+                max_command_bytes=self.execution_max_command_bytes,
+            ),
             broken_as_exit_zero=self.exec_broken_end == "exit0",
             signal_loss_window_s=self.exec_signal_loss_window_s,
         )

@@ -183,6 +183,8 @@ DESCRIPTIONS = {
     413: "The request body exceeds its limit (1 MiB; PATCH /files: NRC_FILES_MAX_UPLOAD).",
     403: "A browser Origin the WebSocket does not accept (NRC_API_ALLOWED_ORIGINS).",
     415: "A body without a JSON Content-Type (application/json).",
+    429: "Too many executions wait for their WebSocket connect (per runner or in all): "
+    "connect to them first.",
     416: "The Range lies beyond the end of the file (Content-Range names its size).",
     424: "The path does not exist, cannot be read, or (for a download) is not a file.",
     426: "A plain GET: the execution runs over a WebSocket; connect with an upgrade.",

@@ -29,7 +29,7 @@ from controller.api.runners import claimed_runner, expired_message
 from controller.execution.command import ExecutionRequest as Command
 from controller.execution.frames import Frame, encode
 from controller.execution.relay import Relay
-from controller.execution.store import ExecutionStore
+from controller.execution.store import ExecutionStore, Refused
 from controller.reconcile.claims import NotLeader
 from controller.reconcile.facade import Pools
 
@@ -126,21 +126,24 @@ def router(
             "URLs expire). Restarts the runner's inactivity timer."
         ),
         response_model=ExecutionCreated,
-        responses=responses(400, 410, 413, 415, 503),
+        responses=responses(400, 410, 413, 415, 429, 503),
         openapi_extra=request_body(ExecutionRequest, "The command and how to run it."),
         dependencies=dependencies,
     )
     def execute(runnerId: RunnerId, body: ExecutionBody, request: Request) -> ExecutionCreated:
         claimed_runner(controller, runnerId)
-        execution = store.add(
-            runnerId,
-            Command(
-                command=body.command,
-                time_limit_s=body.timeLimit,
-                privileged=body.privilegedExecution,
-                environment=dict(body.environment),
-            ),
-        )
+        try:
+            execution = store.add(
+                runnerId,
+                Command(
+                    command=body.command,
+                    time_limit_s=body.timeLimit,
+                    privileged=body.privilegedExecution,
+                    environment=dict(body.environment),
+                ),
+            )
+        except Refused as exc:
+            raise ApiError(exc.status, exc.message) from None
         path = f"{prefix}/runners/{runnerId}/websocket"
         return ExecutionCreated(websocketUrl=urls.url(request, path, execution.id))
 

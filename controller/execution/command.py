@@ -131,6 +131,13 @@ def main_command(execution_id: str, request: ExecutionRequest, settings: ExecSet
     return as_client(command, request.privileged, settings, execution_id)
 
 
+def command_size(request: ExecutionRequest, settings: ExecSettings) -> int:
+    """Bytes of the largest argument of the execution's exec: the script bash
+    gets, the command and environment quoted (Linux refuses one over 128 KiB)."""
+    argv = main_command("0" * 32, request, settings)
+    return max(len(a.encode("utf-8", "surrogateescape")) for a in argv)
+
+
 def stderr_command(
     execution_id: str, request: ExecutionRequest, settings: ExecSettings
 ) -> list[str]:

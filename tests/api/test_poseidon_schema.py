@@ -56,7 +56,8 @@ DEVIATIONS: dict[tuple[str, str], set[str]] = {
     ("GET", "/statistics/execution-environments"): {"401"},
     # /execute answers 503 NOT_LEADER too; the WebSocket's handshake route also
     # answers a plain GET (no upgrade) with 426, and 503 from a follower
-    ("POST", RUNNER + "/execute"): {"503"},
+    # and 429 when too many of its ids wait for their connect (issue 24)
+    ("POST", RUNNER + "/execute"): {"503", "429"},
     ("GET", RUNNER + "/websocket"): {"426", "503"},
     # files: 503 from a follower; 409 a directory where a file goes (Poseidon:
     # a 500 after a partial copy); 416 a Range beyond the end (Poseidon has no
