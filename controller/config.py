@@ -50,6 +50,7 @@ from controller.execution.command import ExecSettings, parse_wrapper
 from controller.execution.service import ExecutionSettings
 from controller.execution.store import Limits
 from controller.files.service import FileSettings
+from controller.files.upload import Limits as UploadLimits
 from controller.model import SECOND
 from controller.nomad.jobs import DEFAULT_CAP_DROP, TemplatePolicy
 from controller.reconcile.loop import ControllerSettings
@@ -723,6 +724,37 @@ class Settings(BaseSettings):
         json_schema_extra=_allowed("an integer between 1024 and 131071 (bytes)"),
     )
 
+    files_max_items: Integer = Field(
+        default=10_000,
+        alias="NRC_FILES_MAX_ITEMS",
+        ge=1,
+        description="Most delete and copy items in one PATCH /files (more is 400): each "
+        "costs memory and time far beyond its bytes.",
+        json_schema_extra=_allowed("a positive integer"),
+    )
+    files_max_path_bytes: Integer = Field(
+        default=4 * 1024 * 1024,
+        alias="NRC_FILES_MAX_PATH_BYTES",
+        ge=4096,
+        description="Most bytes of all paths of one PATCH /files together (more is 400).",
+        json_schema_extra=_allowed("an integer of 4096 or more (bytes)"),
+    )
+    files_max_concurrent_uploads: Integer = Field(
+        default=8,
+        alias="NRC_FILES_MAX_CONCURRENT_UPLOADS",
+        ge=1,
+        description="PATCH /files requests at once; one more is 503 at once (Retry-After).",
+        json_schema_extra=_allowed("a positive integer"),
+    )
+    files_upload_idle_timeout_s: Duration = Field(
+        default=30.0,
+        alias="NRC_FILES_UPLOAD_IDLE_TIMEOUT",
+        gt=0,
+        description="How long a PATCH /files body may send nothing before it is 408 (a "
+        "stalled client would keep its runner in use).",
+        json_schema_extra=_allowed(f"a duration above 0, {_DURATION_FORMS}", duration=True),
+    )
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -958,7 +990,11 @@ class Settings(BaseSettings):
 
     def file_settings(self) -> FileSettings:
         return FileSettings(
-            exec=self.execution_settings().exec, max_upload_bytes=self.files_max_upload_bytes
+            exec=self.execution_settings().exec,
+            max_upload_bytes=self.files_max_upload_bytes,
+            upload_limits=UploadLimits(
+                max_items=self.files_max_items, max_path_bytes=self.files_max_path_bytes
+            ),
         )
 
     def nomad_connection_kwargs(self) -> dict[str, Any]:

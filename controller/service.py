@@ -23,6 +23,7 @@ from pydantic import SecretStr
 from controller.api.app import create_app
 from controller.api.executions import WebSocketUrls
 from controller.api.guard import allowed_hosts
+from controller.api.uploads import UploadSettings
 from controller.config import Settings
 from controller.execution.service import executions
 from controller.files.service import Files
@@ -116,6 +117,10 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
             trust_proxy_headers=settings.api_trust_proxy_headers,
         ),
         file_service=Files(exec_client, metrics, settings.file_settings()),
+        upload_settings=UploadSettings(
+            max_concurrent=settings.files_max_concurrent_uploads,
+            idle_timeout_s=settings.files_upload_idle_timeout_s,
+        ),
         max_upload_bytes=settings.files_max_upload_bytes,
     )
     return Service(settings, controller, app)

@@ -31,6 +31,7 @@ from controller.api.body import (
 )
 from controller.api.executions import WebSocketUrls
 from controller.api.guard import TrustedHost
+from controller.api.uploads import BodyIdle, UploadGate, UploadSettings
 from controller.execution.service import Executions, NoExec
 from controller.execution.service import executions as default_executions
 from controller.files.service import Files, FileSettings
@@ -81,6 +82,7 @@ def create_app(
     max_upload_bytes: int = FileSettings().max_upload_bytes,
     allowed_hosts: frozenset[str] | None = None,
     allowed_origins: tuple[str, ...] = (),
+    upload_settings: UploadSettings | None = None,
 ) -> FastAPI:
     """The API application; the caller runs it (uvicorn) and owns the controller.
     Without `execution`, executions end with an error frame (no Nomad exec).
@@ -132,7 +134,17 @@ def create_app(
 
     # json_body answers 413 itself; this covers any other reader of the body
     app.add_exception_handler(BodyTooLarge, body_too_large)
-    uploads = RouteLimit("PATCH", re.compile(f"{API_PREFIX}/runners/[^/]+/files"), max_upload_bytes)
+
+    async def body_idle(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, BodyIdle)
+        return errors.error_response(408, str(exc))
+
+    app.add_exception_handler(BodyIdle, body_idle)
+    upload_path = re.compile(f"{API_PREFIX}/runners/[^/]+/files")
+    app.add_middleware(
+        UploadGate, method="PATCH", path=upload_path, settings=upload_settings or UploadSettings()
+    )
+    uploads = RouteLimit("PATCH", upload_path, max_upload_bytes)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, routes=[uploads])
     app.add_middleware(TrustedHost, allowed=allowed_hosts)
     app.add_middleware(errors.CatchAll)

@@ -176,6 +176,7 @@ DESCRIPTIONS = {
     404: "The entity does not exist.",
     410: "The runner is not available any longer: unknown, released, or lost (the "
     "message says why it was lost).",
+    408: "The request body sent nothing for NRC_FILES_UPLOAD_IDLE_TIMEOUT.",
     409: "The runner's file system conflicts with the request: a directory where a file "
     "is to be copied, or a file where a directory is needed (delete it first); or a "
     "symbolic link on the path, which file operations never follow (for list and "

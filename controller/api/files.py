@@ -386,7 +386,7 @@ def router(
                 try:
                     await _spool(request, spool)
                     require_json(request)  # 415, once the body is read as for any answer
-                    upload = await run_in_threadpool(parse, spool.fileno())
+                    upload = await run_in_threadpool(parse, spool.fileno(), files.upload_limits)
                 except ApiError:
                     count("copy", "bad_request")
                     raise

@@ -39,7 +39,7 @@ from controller.execution.relay import Execs, Session
 from controller.files import listing, scripts
 from controller.files.listing import Entry, Records
 from controller.files.ranges import Span, Unsatisfiable, requested
-from controller.files.upload import Upload
+from controller.files.upload import Limits, Upload
 from controller.metrics import Metrics
 from controller.nomad.exec import ExecError, ExecEvent, Exited, Output
 
@@ -55,6 +55,7 @@ KILL_TIMEOUT_S = 5.0  # the kill exec of an abandoned operation
 class FileSettings:
     exec: ExecSettings = field(default_factory=ExecSettings)
     max_upload_bytes: int = 100 * 1024 * 1024
+    upload_limits: Limits = field(default_factory=Limits)
 
 
 class FileError(Exception):
@@ -154,6 +155,11 @@ class Files:
         self._settings = settings or FileSettings()
         self._wall_clock = wall_clock
         self._pending: set[asyncio.Task[None]] = set()
+
+    @property
+    def upload_limits(self) -> Limits:
+        """What one upload may list (`upload.parse`)."""
+        return self._settings.upload_limits
 
     async def _open(self, alloc_id: str, command: Callable[[str], list[str]]) -> Session:
         """Open the exec of `command(marker)`: closed before its command was

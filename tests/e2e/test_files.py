@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -463,3 +464,21 @@ def test_a_hostile_range_is_400_or_416_never_500(world: World) -> None:
     assert world.download(runner, "f", Range="bytes=" + "9" * 100 + "-").status_code == 416
     r = world.download(runner, "f", Range="bytes=2-" + "9" * 100)
     assert (r.status_code, r.content) == (206, b"23456789")
+
+
+def test_a_stalled_upload_is_408_and_frees_its_runner(make_sim: Any) -> None:
+    """Issue 24, finding 6: a stalled body was held for ever, its runner in use."""
+    with world_with(make_sim, NRC_FILES_UPLOAD_IDLE_TIMEOUT="1s") as w:
+        runner = w.claim()
+        head = (
+            f"PATCH /api/v1/runners/{runner}/files HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{w.api.port}\r\nPoseidon-Token: {AUTH['Poseidon-Token']}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", w.api.port), timeout=10) as conn:
+            conn.sendall(head.encode() + b'{"copy": [')  # then nothing
+            started = time.monotonic()
+            answer = conn.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert time.monotonic() - started < 5
+        assert w.patch_files(runner, {"after": b"1"}).status_code == 204
