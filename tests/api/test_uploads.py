@@ -8,6 +8,7 @@ import asyncio
 import json
 import re
 import tempfile
+from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
@@ -25,9 +26,9 @@ def scope(method: str = "PATCH", path: str = "/api/v1/runners/r/files") -> dict[
 
 class Sent:
     def __init__(self) -> None:
-        self.messages: list[dict[str, Any]] = []
+        self.messages: list[MutableMapping[str, Any]] = []
 
-    async def __call__(self, message: dict[str, Any]) -> None:
+    async def __call__(self, message: MutableMapping[str, Any]) -> None:
         self.messages.append(message)
 
     @property
