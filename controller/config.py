@@ -755,6 +755,15 @@ class Settings(BaseSettings):
         json_schema_extra=_allowed(f"a duration above 0, {_DURATION_FORMS}", duration=True),
     )
 
+    api_request_head_timeout_s: Duration = Field(
+        default=10.0,
+        alias="NRC_API_REQUEST_HEAD_TIMEOUT",
+        gt=0,
+        description="How long a connection may take to send a request's headers before it "
+        "is closed (slowloris: before any token could be checked).",
+        json_schema_extra=_allowed(f"a duration above 0, {_DURATION_FORMS}", duration=True),
+    )
+
     @classmethod
     def settings_customise_sources(
         cls,

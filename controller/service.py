@@ -20,6 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import SecretStr
 
+from controller.api import head_deadline
 from controller.api.app import create_app
 from controller.api.executions import WebSocketUrls
 from controller.api.guard import allowed_hosts
@@ -168,6 +169,7 @@ def serve(service: Service, on_started: Callable[[str], None] | None = None) -> 
         log_config=None,  # our handlers, our format
         access_log=False,
         timeout_graceful_shutdown=5,
+        http=head_deadline.protocol(s.api_request_head_timeout_s),
     )
     server = _Server(config, on_started)
     service.controller.start()

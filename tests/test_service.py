@@ -8,6 +8,7 @@ import re
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,53 @@ def test_no_token_or_command_in_any_log_line_of_a_full_run_at_debug(
     for secret in (nomad_token, api_token, "command-marker-71", "env-value-58"):
         leaks = [line for line in output.splitlines() if secret in line]
         assert not leaks, leaks[:3]
+
+
+def test_a_request_head_that_never_ends_is_closed(
+    sim: SimServer, processes: list[ChildProcess]
+) -> None:
+    """Issue 24, finding 6 (slowloris): a connection that never finished its
+    headers was held for ever, before any token could be checked."""
+    settings = {"NRC_API_TOKEN": "s3cret-token-16ch", "NRC_API_REQUEST_HEAD_TIMEOUT": "1s"}
+    run = start_controller_process(processes, sim.address, settings, timeout=20)
+    port = int(run.address.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
+        slow.sendall(b"GET /api/v1/execution-environments HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        started = time.monotonic()
+        assert slow.recv(1024) == b""  # closed, without an answer
+        assert 0.5 < time.monotonic() - started < 5
+    # a connection that idles between complete requests is uvicorn's keep-alive;
+    # requests and responses that take longer than the deadline are not cut
+    with requests.Session() as session:
+        for _ in range(2):
+            assert session.get(f"{run.address}/healthz", timeout=5).status_code == 200
+            time.sleep(1.5)  # longer than the head deadline, shorter than keep-alive's 5 s
+    # and a WebSocket outlives the deadline: it is no longer waiting for a head
+    api, auth = f"{run.address}/api/v1", {"Poseidon-Token": "s3cret-token-16ch"}
+    body = {
+        "id": 5,
+        "image": "python:3.12",
+        "prewarmingPoolSize": 1,
+        "cpuLimit": 100,
+        "memoryLimit": 128,
+        "networkAccess": False,
+        "exposedPorts": [],
+    }
+    assert requests.put(f"{api}/execution-environments/5", json=body, headers=auth).ok
+
+    def claim() -> str | None:
+        r = requests.post(
+            f"{api}/runners", json={"executionEnvironmentId": 5}, headers=auth, timeout=5
+        )
+        return str(r.json()["runnerId"]) if r.status_code == 200 else None
+
+    runner = wait_until(claim, timeout=20, interval=0.1)
+    command = {"command": "sleep 2; echo done", "privilegedExecution": True}
+    r = requests.post(f"{api}/runners/{runner}/execute", json=command, headers=auth, timeout=5)
+    with connect(r.json()["websocketUrl"], additional_headers=auth) as ws:
+        frames = [json.loads(raw) for raw in ws]
+    assert frames[-2:] == [{"type": "stdout", "data": "done\r\n"}, {"type": "exit", "data": 0}]
+    assert run.stop(signal.SIGTERM) == 0
 
 
 def test_config_prints_every_setting_without_secrets() -> None:
