@@ -2,11 +2,11 @@
 write bench/results/<name>.json for each and print the table.
 
 Names: claims, convergence, event_to_ready, pass_cost, steady_load (which also
-writes memory), executions, files, prewarm, timeouts, templates. `python -m bench prewarm --trace
-FILE.csv` replays a claim trace of your own instead of the shipped ones
-(bench/b8_prewarm.py). A benchmark that breaks is reported and the others still run;
-the exit status is 0 unless one could not run at all (targets missed are
-reported, never a failure).
+writes memory), executions, files, prewarm, timeouts, templates, production.
+`python -m bench prewarm --trace FILE.csv` replays a claim trace of your own
+instead of the shipped ones (bench/b8_prewarm.py). A benchmark that breaks is
+reported and the others still run; the exit status is 0 unless one could not
+run at all (targets missed are reported, never a failure).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from bench import (
     b8_prewarm,
     b9_timeouts,
     b10_templates,
+    b11_production,
 )
 from bench.common import Result, machine, render_table, write_result
 
@@ -42,6 +43,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[Result]]] = {
     "prewarm": lambda quick: [b8_prewarm.run(quick)],
     "timeouts": lambda quick: [b9_timeouts.run(quick)],
     "templates": lambda quick: [b10_templates.run(quick)],
+    "production": lambda quick: [b11_production.run(quick)],
 }
 
 
