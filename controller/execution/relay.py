@@ -104,7 +104,7 @@ class Runners(Protocol):
     def record_loss(self, runner_id: str) -> LossReason | Released:
         """Write a derived loss to Nomad (blocking); what Nomad then records."""
 
-    def observe(self) -> None:
+    def refresh(self) -> None:
         """Read Nomad now (blocking)."""
 
     def end_use(self, runner_id: str) -> None: ...
@@ -394,7 +394,7 @@ class _Run:
         deadline = loop.time() + wait_s
         while True:
             with contextlib.suppress(Exception):
-                await self.relay._to_thread(runners.observe)
+                await self.relay._to_thread(runners.refresh)
             if runners.loss(self.runner_id) is not None:
                 recorded = await self._try_recorded()
                 if recorded is not None:

@@ -94,7 +94,7 @@ class FakeRunners:
         assert self.lost is not None
         return self.lost
 
-    def observe(self) -> None:
+    def refresh(self) -> None:
         pass
 
     def end_use(self, runner_id: str) -> None:
