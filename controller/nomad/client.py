@@ -342,6 +342,20 @@ class NomadClient:
         if reply.status >= 300:
             log.info("lock %r was no longer ours at release: %s", lock.path, reply.text.strip())
 
+    def lock_held(self, path: str) -> bool:
+        reply = self._call(
+            "lock_held",
+            lambda: self._variable.request(
+                quote(path, safe="/"), method="get", params={"namespace": self.namespace}
+            ),
+            final=lambda s, _: "ok" if s == 404 else None,
+        )
+        if reply.status == 404:
+            return False
+        # Nomad writes `Lock` only while one is held (omitempty), a dead one
+        # waiting out its LockDelay included.
+        return isinstance(reply.body, dict) and bool(reply.body.get("Lock"))
+
     # -- variables -----------------------------------------------------------------
 
     def get_variable(self, path: str) -> dict[str, str] | None:

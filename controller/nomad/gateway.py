@@ -115,6 +115,11 @@ class NomadGateway(Protocol):
         """Give the lock up; a lock that is no longer ours is not an error."""
         ...
 
+    def lock_held(self, path: str) -> bool:
+        """Whether somebody holds the lock at `path` (or it waits out its
+        LockDelay): a read, so a follower can watch for a release cheaply."""
+        ...
+
     def get_variable(self, path: str) -> dict[str, str] | None:
         """The items of the variable at `path`, or None when it does not exist."""
         ...
