@@ -356,6 +356,15 @@ class Settings(BaseSettings):
         "behind a proxy that sets them).",
         json_schema_extra=_allowed(_BOOLEAN),
     )
+    shutdown_grace_s: Duration = Field(
+        default=20.0,
+        alias="NRC_SHUTDOWN_GRACE",
+        ge=0,
+        description="On SIGTERM, how long running executions and file operations may go on "
+        "before each still running is ended with an error frame (docs/operations.md). Keep "
+        "the controller job's kill_timeout above it.",
+        json_schema_extra=_allowed(f"a duration of 0 or more, {_DURATION_FORMS}", duration=True),
+    )
 
     # --- executions ---
     exec_task: str = Field(

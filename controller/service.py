@@ -5,6 +5,7 @@ the reconcile loop, and the HTTP API on uvicorn — against a real Nomad
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -13,14 +14,17 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
 from controller.api.app import create_app
+from controller.api.drain import Drain, run_drain
 from controller.api.executions import WebSocketUrls
 from controller.config import Settings
+from controller.execution.relay import Relay
 from controller.execution.service import executions
 from controller.files.service import Files
 from controller.logs import configure_logging
@@ -56,6 +60,8 @@ class Service:
     settings: Settings
     controller: Controller
     app: FastAPI
+    drain: Drain
+    relay: Relay
 
 
 def build(settings: Settings, nomad_address: str | None = None) -> Service:
@@ -96,30 +102,91 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
         **{**settings.nomad_connection_kwargs(), "address": connection["address"]},
         connect_timeout_s=settings.nomad_timeout_s,
     )
+    execution = executions(controller.pools, exec_client, settings.execution_settings())
+    drain = Drain()
     app = create_app(
         controller.pools,
         api_token=settings.api_auth_token,
         max_pool_size=settings.max_pool_size,
         pool_alert_threshold=settings.pool_alert_threshold,
-        execution=executions(controller.pools, exec_client, settings.execution_settings()),
+        execution=execution,
         websocket_urls=WebSocketUrls(
             scheme=settings.api_websocket_scheme,
             trust_proxy_headers=settings.api_trust_proxy_headers,
         ),
         file_service=Files(exec_client, metrics, settings.file_settings()),
         max_upload_bytes=settings.files_max_upload_bytes,
+        drain=drain,
     )
-    return Service(settings, controller, app)
+    return Service(settings, controller, app, drain, execution.relay)
 
 
 class _Server(uvicorn.Server):
     """uvicorn, telling us once it listens (so `dev` prints working URLs), and
     exiting 0 on SIGINT/SIGTERM: a requested stop is a clean stop (uvicorn
-    itself re-raises the signal after shutting down)."""
+    itself re-raises the signal after shutting down). The first signal starts
+    the service's drain (controller/api/drain.py), which tells uvicorn to
+    exit when it is done; a second ends at once."""
 
-    def __init__(self, config: uvicorn.Config, on_started: Callable[[str], None] | None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_started: Callable[[str], None] | None,
+        service: Service | None = None,
+    ) -> None:
         super().__init__(config)
         self._on_started = on_started
+        self._service = service
+        self._draining = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        service = self._service
+        if service is None or self._draining or not self.started:
+            if service is not None:
+                service.relay.end_all()
+            self.force_exit = self._draining
+            self.should_exit = True
+            return
+        self._draining = True
+        log.info("draining: %s received, new work refused", signal.Signals(sig).name)
+        # A signal handler runs between two steps of the loop: the drain is
+        # handed to the loop (which this wakes) rather than started here.
+        asyncio.get_running_loop().call_soon_threadsafe(self._start_drain, service)
+
+    def _start_drain(self, service: Service) -> None:
+        task = asyncio.ensure_future(self._drain(service))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drain(self, service: Service) -> None:
+        settings = service.settings
+        controller = service.controller
+
+        async def step_down() -> None:
+            await asyncio.to_thread(controller.step_down)
+
+        relay = service.relay
+        try:
+            ended = await run_drain(
+                service.drain,
+                step_down=step_down,
+                end_executions=relay.end_all,
+                executions_ended=relay.wait_background,
+                grace_s=settings.shutdown_grace_s,
+            )
+            log.info(
+                "drained: %s",
+                "everything in flight ended"
+                if ended
+                else f"grace of {settings.shutdown_grace_s:g}s over, executions still running "
+                "ended",
+            )
+        except Exception:
+            log.exception("the drain failed; stopping now")
+            relay.end_all()
+        finally:
+            self.should_exit = True
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -155,7 +222,7 @@ def serve(service: Service, on_started: Callable[[str], None] | None = None) -> 
         access_log=False,
         timeout_graceful_shutdown=5,
     )
-    server = _Server(config, on_started)
+    server = _Server(config, on_started, service)
     service.controller.start()
     try:
         server.run()

@@ -6,7 +6,8 @@
 - `models`: the JSON bodies with Poseidon's field names;
 - `errors`: every error answer in one shape;
 - `runners`, `environments`, `executions`, `files`, `health`: the routes;
-- `openapi`: `/openapi.json` as the API answers.
+- `openapi`: `/openapi.json` as the API answers;
+- `drain`: the graceful drain on SIGTERM (new work refused, the rest ends).
 """
 
 from controller.api.app import create_app

@@ -6,6 +6,7 @@ the root, `/healthz`, `/readyz` and `/metrics`. It never talks to Nomad
 itself: every route calls the controller, which owns all state.
 
 Layers, outermost first: `CatchAll` (500 UNKNOWN for anything unhandled),
+`DrainGate` (503 SHUTTING_DOWN for new work while the replica drains),
 `BodyLimit` (413), FastAPI's exception handlers (`controller.api.errors`),
 token authentication on the protected routers, then the routes.
 """
@@ -28,6 +29,7 @@ from controller.api.body import (
     RouteLimit,
     too_large_message,
 )
+from controller.api.drain import Drain, DrainGate
 from controller.api.executions import WebSocketUrls
 from controller.execution.service import Executions, NoExec
 from controller.execution.service import executions as default_executions
@@ -77,6 +79,7 @@ def create_app(
     websocket_urls: WebSocketUrls | None = None,
     file_service: Files | None = None,
     max_upload_bytes: int = FileSettings().max_upload_bytes,
+    drain: Drain | None = None,
 ) -> FastAPI:
     """The API application; the caller runs it (uvicorn) and owns the controller.
     Without `execution`, executions end with an error frame (no Nomad exec)."""
@@ -116,7 +119,7 @@ def create_app(
     app.include_router(environments.router(pools, protected, max_pool_size), prefix=API_PREFIX)
     app.include_router(environments.statistics_router(pools, protected), prefix=API_PREFIX)
     app.include_router(health.api_router(pools, pool_alert_threshold, version), prefix=API_PREFIX)
-    app.include_router(health.root_router(pools))
+    app.include_router(health.root_router(pools, drain))
     errors.install(app, pools)
 
     async def body_too_large(_: Request, exc: Exception) -> JSONResponse:
@@ -127,6 +130,8 @@ def create_app(
     app.add_exception_handler(BodyTooLarge, body_too_large)
     uploads = RouteLimit("PATCH", re.compile(f"{API_PREFIX}/runners/[^/]+/files"), max_upload_bytes)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, routes=[uploads])
+    if drain is not None:
+        app.add_middleware(DrainGate, drain=drain, prefix=API_PREFIX)
     app.add_middleware(errors.CatchAll)
 
     def schema() -> dict[str, Any]:
