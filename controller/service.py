@@ -223,9 +223,13 @@ def serve(service: Service, on_started: Callable[[str], None] | None = None) -> 
         timeout_graceful_shutdown=5,
     )
     server = _Server(config, on_started, service)
-    service.controller.start()
     try:
+        with _stoppable_start():
+            service.controller.start()
         server.run()
+    except _StopBeforeServing:
+        log.info("stopped before serving")
+        return 0
     finally:
         service.controller.stop()
     if not server.started:
@@ -234,10 +238,40 @@ def serve(service: Service, on_started: Callable[[str], None] | None = None) -> 
     return 0
 
 
+class _StopBeforeServing(Exception):
+    """SIGTERM or SIGINT before the API serves: nothing is in flight to drain."""
+
+
+def _stop_before_serving(sig: int, frame: FrameType | None) -> None:
+    raise _StopBeforeServing(signal.Signals(sig).name)
+
+
+@contextlib.contextmanager
+def _stoppable_start() -> Iterator[None]:
+    """Until uvicorn takes the signals over, a SIGTERM (a deploy that stops
+    a replica still starting) ends the start-up cleanly, exit 0, rather
+    than by the signal's default action."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _stop_before_serving) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run(settings: Settings) -> int:
     configure_logging(settings.log_level, settings.effective_log_format)
     log.info("controller against Nomad at %s", settings.nomad_addr)
-    return serve(build(settings))
+    try:
+        with _stoppable_start():
+            service = build(settings)
+    except _StopBeforeServing:
+        log.info("stopped before serving")
+        return 0
+    return serve(service)
 
 
 def dev(settings: Settings, topology: dict[str, Any] | None = None) -> int:
