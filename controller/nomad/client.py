@@ -12,10 +12,11 @@ client's namespace. The requesters are built directly rather than through
 NOMAD_NAMESPACE, NOMAD_REGION and NOMAD_CLIENT_CERT/KEY from the environment
 and defaults to `verify=False`: every setting here is explicit.
 
-Transient failures (connection errors, timeouts, 429 and 5xx) are retried
-with capped, fully jittered exponential backoff (tenacity); other 4xx are
-final. An EnforceIndex conflict (a 500 whose text starts with "Enforcing job
-modify index") is final too: retrying cannot change the answer.
+Error answers are read by `controller.nomad.errors.classify`, direct and
+forwarded (`rpc error: …`) alike, and retried by its one policy: transient
+failures (connection errors, timeouts, 429 and 5xx) with capped, fully
+jittered exponential backoff; other 4xx, an EnforceIndex conflict and a lost
+lock are final: retrying cannot change the answer.
 """
 
 from __future__ import annotations
@@ -35,15 +36,20 @@ import requests
 import tenacity
 
 from controller.nomad.decode import decode_allocation, decode_job_stub
-from controller.nomad.gateway import (
-    AllocListing,
+from controller.nomad.errors import (
     IndexConflict,
-    JobListing,
-    JsonDict,
-    Lock,
+    Kind,
     LockHeld,
     NomadAPIError,
     NomadUnavailable,
+    classify,
+    retry_kwargs,
+)
+from controller.nomad.gateway import (
+    AllocListing,
+    JobListing,
+    JsonDict,
+    Lock,
     WriteResult,
 )
 
@@ -57,15 +63,10 @@ RequestHook: TypeAlias = Callable[[str, str, str, float], None]
 # (returning the outcome to report) instead of an error to raise or retry.
 Final: TypeAlias = Callable[[int, str], Outcome | None]
 
-ENFORCE_INDEX_CONFLICT = "Enforcing job modify index"
 # Nomad caps a blocking query's wait at 300 s (and uses 300 s when none is
 # given), then adds up to wait/16 of jitter before answering.
 MAX_BLOCKING_WAIT_S = 300.0
-FIRST_RETRY_WAIT_S = 0.1
 CONNECTIONS = 64  # kept-alive connections to Nomad
-# Errors Nomad's lock RPCs return as plain 500s when the lock (or the variable)
-# is gone: for a renew or release that means "no longer ours", not a fault.
-LOCK_GONE_TEXTS = ("variable doesn't exist", "variable doesn't hold a lock")
 
 
 def tls_options(
@@ -103,12 +104,6 @@ class _Reply:
     body: Any  # decoded JSON of a 2xx answer, else None
     text: str
     index: int  # X-Nomad-Index, 0 when absent
-
-
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, NomadUnavailable):
-        return True
-    return isinstance(exc, NomadAPIError) and (exc.status >= 500 or exc.status == 429)
 
 
 def _header_index(response: requests.Response) -> int:
@@ -169,13 +164,7 @@ class NomadClient:
         self._allocations = nomad.api.Allocations(**settings)
         self._variable = nomad.api.Variable(**settings)
         self._retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(max(1, retry_attempts)),
-            wait=tenacity.wait_random_exponential(
-                multiplier=min(FIRST_RETRY_WAIT_S, retry_max_wait_s), max=retry_max_wait_s
-            ),
-            retry=tenacity.retry_if_exception(_is_transient),
-            before_sleep=self._log_retry,
-            reraise=True,
+            **retry_kwargs(retry_attempts, retry_max_wait_s, before_sleep=self._log_retry)
         )
 
     def close(self) -> None:
@@ -320,7 +309,7 @@ class NomadClient:
             "lock-acquire",
             path,
             body,
-            lambda s, _: "conflict" if s == 409 else None,
+            lambda s, t: "conflict" if classify(s, t) is Kind.LOCK_GONE else None,
         )
         if reply.status == 409:
             raise LockHeld(f"lock {path!r} is held by somebody else")
@@ -443,7 +432,7 @@ class NomadClient:
             if handled is not None:
                 outcome = handled
                 return _Reply(code, None, text, _header_index(cause))
-            if code == 500 and text.startswith(ENFORCE_INDEX_CONFLICT):
+            if classify(code, text) is Kind.INDEX_CONFLICT:
                 outcome = "conflict"
                 raise IndexConflict(text) from None
             raise NomadAPIError(code, text) from None
@@ -494,7 +483,9 @@ def _segment(value: str) -> str:
 
 
 def _lock_gone(status: int, text: str) -> Outcome | None:
-    if status in (404, 409) or (status == 500 and any(t in text for t in LOCK_GONE_TEXTS)):
+    """For a renew or release, a missing lock or variable means "no longer
+    ours", not a fault."""
+    if classify(status, text) in (Kind.LOCK_GONE, Kind.NOT_FOUND):
         return "conflict"
     return None
 

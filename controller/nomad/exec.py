@@ -35,15 +35,44 @@ import binascii
 import codecs
 import contextlib
 import json
+import logging
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlencode, urlsplit
 
+import tenacity
 import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+from controller.nomad.errors import (
+    ExecBroken,
+    ExecError,
+    ExecForbidden,
+    ExecOverloaded,
+    ExecRejected,
+    ExecUnreachable,
+    TaskNotRunning,
+    UnknownAllocation,
+    exec_error,
+    exec_refusal,
+    retry_kwargs,
+)
+
+__all__ = [
+    "ExecBroken",
+    "ExecError",
+    "ExecForbidden",
+    "ExecOverloaded",
+    "ExecRejected",
+    "ExecUnreachable",
+    "TaskNotRunning",
+    "UnknownAllocation",
+]
+
+log = logging.getLogger(__name__)
 
 Stream = Literal["stdout", "stderr"]
 STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
@@ -81,36 +110,6 @@ class Exited:
 ExecEvent = Output | StreamClosed | Exited
 
 
-class ExecError(Exception):
-    """The exec did not run to its exit frame. `code` is the WebSocket close
-    code (0 when there was none) and `reason` Nomad's text."""
-
-    def __init__(self, reason: str, code: int = 0) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.code = code
-
-
-class UnknownAllocation(ExecError):
-    """Nomad does not know the allocation (it was garbage-collected)."""
-
-
-class TaskNotRunning(ExecError):
-    """The task has not started yet, or is no longer running."""
-
-
-class ExecForbidden(ExecError):
-    """The token lacks the `alloc-exec` capability (or remote exec is off)."""
-
-
-class ExecRejected(ExecError):
-    """Any other refusal: an HTTP error before the upgrade or a close frame."""
-
-
-class ExecBroken(ExecError):
-    """The connection ended before the exit frame: the outcome is unknown."""
-
-
 # -- pure protocol pieces (table-tested) -----------------------------------------------
 
 
@@ -124,17 +123,7 @@ def exec_query(task: str, command: Sequence[str], tty: bool, namespace: str | No
 
 def classify_close(code: int, reason: str) -> ExecError:
     """Nomad's close frame (or its absence, code 1006) as a typed error."""
-    text = reason or f"closed with code {code}"
-    lowered = reason.lower()
-    if code in (1000, 1005, 1006) and not reason:
-        return ExecBroken("the connection to Nomad ended before the command's exit code", code)
-    if "unknown allocation" in lowered:
-        return UnknownAllocation(text, code)
-    if "not started yet" in lowered or "not running" in lowered or "not possible" in lowered:
-        return TaskNotRunning(text, code)
-    if "permission denied" in lowered:
-        return ExecForbidden(text, code)
-    return ExecRejected(text, code)
+    return exec_error(code, reason)
 
 
 # How Nomad's encoder writes an output data frame, around the base64.
@@ -311,7 +300,11 @@ class ExecClient:
         verify: bool = True,
         connect_timeout_s: float = 10.0,
         heartbeat_s: float = HEARTBEAT_S,
+        retry_attempts: int = 5,
+        retry_max_wait_s: float = 2.0,
     ) -> None:
+        self._retry_attempts = retry_attempts
+        self._retry_max_wait_s = retry_max_wait_s
         parts = urlsplit(address.rstrip("/"))
         scheme = "wss" if parts.scheme == "https" else "ws"
         self._base = f"{scheme}://{parts.netloc}{parts.path}"
@@ -333,11 +326,21 @@ class ExecClient:
     async def open(
         self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
     ) -> ExecSession:
-        """Start `command` in the allocation's task. Raises ExecError subtypes
-        (ExecRejected for an HTTP refusal, ExecBroken when Nomad is unreachable)."""
+        """Start `command` in the allocation's task. Raises ExecError subtypes:
+        ExecOverloaded when Nomad kept answering 429, ExecUnreachable when no
+        connection could be made, both after the retry policy of every call
+        to Nomad; ExecRejected (and its kin) for any other refusal."""
         url = self.url(alloc_id, task, command, tty)
+        retrying = tenacity.AsyncRetrying(
+            **retry_kwargs(self._retry_attempts, self._retry_max_wait_s, before_sleep=_log_retry)
+        )
+        ws: ClientConnection = await retrying(self._connect, url)
+        return ExecSession(ws, self._heartbeat_s)
+
+    async def _connect(self, url: str) -> ClientConnection:
+        """One handshake; what a refusal means is `errors.exec_refusal`'s call."""
         try:
-            ws = await websockets.connect(
+            return await websockets.connect(
                 url,
                 additional_headers=self._headers,
                 ssl=self._ssl,
@@ -352,11 +355,11 @@ class ExecClient:
             )
         except InvalidStatus as exc:
             body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
-            status = exc.response.status_code
-            raise ExecRejected(body or f"Nomad answered {status}", status) from None
-        except (OSError, InvalidHandshake, TimeoutError) as exc:
-            raise ExecBroken(f"could not reach Nomad for exec: {exc}") from None
-        return ExecSession(ws, self._heartbeat_s)
+            raise exec_refusal(exc.response.status_code, body) from None
+        except (OSError, InvalidHandshake, TimeoutError, EOFError, AssertionError) as exc:
+            # AssertionError: websockets' client asserts on an answer it could
+            # not read whole (a 429 whose connection Nomad closes at once).
+            raise ExecUnreachable(f"could not reach Nomad for exec: {exc!r}") from None
 
     @contextlib.asynccontextmanager
     async def session(
@@ -380,3 +383,8 @@ def tls_context(
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     return context
+
+
+def _log_retry(state: tenacity.RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    log.info("retrying an exec handshake after attempt %d: %s", state.attempt_number, exc)

@@ -15,7 +15,8 @@ line, a failed reconnect or an error status, and reads without a timeout, so
 a silently dead connection hangs it forever. Here every failure (error
 status, connection error, no data for `read_timeout_s`, malformed JSON, the
 server ending the stream) is logged at WARNING and followed by a reconnect
-after a capped, fully jittered exponential backoff.
+after a capped, fully jittered exponential backoff (`errors.reconnect_delay`,
+the policy every retried call to Nomad uses).
 
 Events are only hints for the controller ("look at this again"), so a frame
 whose callback fails is logged and not delivered again.
@@ -26,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import random
 import socket
 import threading
 import time
@@ -37,6 +37,7 @@ import requests
 import urllib3.exceptions
 
 from controller.nomad.client import tls_options
+from controller.nomad.errors import reconnect_delay
 from controller.nomad.events import EventRef, decode_events
 
 log = logging.getLogger(__name__)
@@ -148,9 +149,7 @@ class EventStream:
                 break
             # A connection that carried data was healthy: start the backoff over.
             failures = 1 if self._lines_on_connection else failures + 1
-            delay = random.uniform(
-                0, min(self._backoff_cap_s, self._backoff_base_s * 2 ** (failures - 1))
-            )
+            delay = reconnect_delay(failures, self._backoff_base_s, self._backoff_cap_s)
             log.warning(
                 "nomad event stream: %s; reconnecting in %.2fs at index %d",
                 reason,
