@@ -49,6 +49,7 @@ from controller.execution.command import ExecSettings, parse_wrapper
 from controller.execution.service import ExecutionSettings
 from controller.files.service import FileSettings
 from controller.model import SECOND
+from controller.nomad.connection import NomadConnection
 from controller.nomad.jobs import DEFAULT_CAP_DROP, TemplatePolicy
 from controller.reconcile.loop import ControllerSettings
 from controller.reconcile.plan import PlanSettings
@@ -235,6 +236,15 @@ _CAPABILITY = re.compile(r"[a-z_]+")
 RUNNER_CAPABILITIES = ("kill", "setuid", "setgid", "chown", "fowner", "dac_override")
 
 
+def _holds_private_key(path: str) -> bool:
+    """Whether a PEM file holds a private key besides its certificate."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as pem:
+            return "PRIVATE KEY-----" in pem.read(1 << 20)
+    except OSError:
+        return False
+
+
 def _capabilities(value: str) -> list[str]:
     """`NET_RAW, cap_mknod` → ["net_raw", "mknod"]; `none` or empty → []."""
     if value.strip().lower() in ("", "none"):
@@ -304,7 +314,9 @@ class Settings(BaseSettings):
     nomad_client_cert: str | None = Field(
         default=None,
         alias="NOMAD_CLIENT_CERT",
-        description="PEM client certificate for mutual TLS (with NOMAD_CLIENT_KEY).",
+        description=(
+            "PEM client certificate for mutual TLS, with NOMAD_CLIENT_KEY or holding its key."
+        ),
         json_schema_extra=_allowed(_FILE),
     )
     nomad_client_key: str | None = Field(
@@ -766,6 +778,13 @@ class Settings(BaseSettings):
     def _check_client_pair(self) -> Settings:
         # A certificate without its key (or the reverse) cannot authenticate;
         # Nomad's CLI silently ignores the half it got.
+        if self.nomad_client_cert is not None and self.nomad_client_key is None:
+            if _holds_private_key(self.nomad_client_cert):
+                return self  # one PEM holding certificate and key
+            raise ValueError(
+                "NOMAD_CLIENT_KEY: must be set together with NOMAD_CLIENT_CERT (only "
+                "NOMAD_CLIENT_CERT is set, and its file holds no private key)"
+            )
         if (self.nomad_client_cert is None) != (self.nomad_client_key is None):
             have, missing = (
                 ("NOMAD_CLIENT_CERT", "NOMAD_CLIENT_KEY")
@@ -855,31 +874,21 @@ class Settings(BaseSettings):
             exec=self.execution_settings().exec, max_upload_bytes=self.files_max_upload_bytes
         )
 
-    def nomad_connection_kwargs(self) -> dict[str, Any]:
-        """Where and how to reach Nomad: the keyword arguments NomadClient and
-        EventStream share. Holds the token in clear: never log it."""
+    def nomad_connection(self, address: str | None = None) -> NomadConnection:
+        """Where and how to reach Nomad (at `address` instead of NOMAD_ADDR
+        when given), TLS built once: the one value the HTTP client, the event
+        stream and the exec client share. Holds the token: never log it."""
         token = self.nomad_token.get_secret_value() if self.nomad_token is not None else None
-        return {
-            "address": self.nomad_addr,
-            "token": token,
-            "namespace": self.nomad_namespace,
-            "region": self.nomad_region,
-            "ca_cert": self.nomad_cacert,
-            "client_cert": self.nomad_client_cert,
-            "client_key": self.nomad_client_key,
-            "verify": not self.nomad_skip_verify,
-        }
-
-    def nomad_client_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for NomadClient (holds the token: never log it)."""
-        return {**self.nomad_connection_kwargs(), "timeout_s": self.nomad_timeout_s}
-
-    def nomad_stream_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for EventStream besides topics and callbacks (holds
-        the token: never log it). Only connecting is bounded by NRC_NOMAD_TIMEOUT:
-        the stream's read timeout must outlast Nomad's heartbeats, so it keeps
-        EventStream's default."""
-        return {**self.nomad_connection_kwargs(), "connect_timeout_s": self.nomad_timeout_s}
+        return NomadConnection(
+            address=address if address is not None else self.nomad_addr,
+            token=token,
+            namespace=self.nomad_namespace,
+            region=self.nomad_region,
+            ca_cert=self.nomad_cacert,
+            client_cert=self.nomad_client_cert,
+            client_key=self.nomad_client_key,
+            verify=not self.nomad_skip_verify,
+        )
 
 
 # --- loading -----------------------------------------------------------------

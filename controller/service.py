@@ -62,11 +62,10 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
     """Wire the parts; nothing starts yet. Raises TemplateFileError when
     NRC_TEMPLATE_JOB_FILE cannot carry runners."""
     metrics = Metrics()
-    connection = settings.nomad_client_kwargs()
-    stream_kwargs = settings.nomad_stream_kwargs()
-    if nomad_address is not None:
-        connection["address"] = stream_kwargs["address"] = nomad_address
-    gateway = NomadClient(**connection, on_request=metrics.record_request)
+    connection = settings.nomad_connection(nomad_address)
+    gateway = NomadClient(
+        connection, timeout_s=settings.nomad_timeout_s, on_request=metrics.record_request
+    )
     factory: StreamFactory | None = None
     if settings.event_stream:
 
@@ -75,8 +74,11 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
             on_state: Callable[[bool], None],
             start_index: int,
         ) -> EventSource:
+            # Only connecting is bounded by NRC_NOMAD_TIMEOUT: the read timeout
+            # must outlast Nomad's heartbeats, so it keeps EventStream's default.
             return EventStream(
-                **stream_kwargs,
+                connection,
+                connect_timeout_s=settings.nomad_timeout_s,
                 topics=EVENT_TOPICS,
                 on_events=on_events,
                 on_state=on_state,
@@ -92,10 +94,7 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
         settings.controller_settings(), template=settings.template_policy(base)
     )
     controller = Controller(gateway, controller_settings, metrics=metrics, stream_factory=factory)
-    exec_client = ExecClient(
-        **{**settings.nomad_connection_kwargs(), "address": connection["address"]},
-        connect_timeout_s=settings.nomad_timeout_s,
-    )
+    exec_client = ExecClient(connection, connect_timeout_s=settings.nomad_timeout_s)
     app = create_app(
         controller.pools,
         api_token=settings.api_auth_token,

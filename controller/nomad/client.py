@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import nomad.api.exceptions as nomad_exc
 import requests
 import tenacity
 
+from controller.nomad.connection import NomadConnection
 from controller.nomad.decode import decode_allocation, decode_job_stub
 from controller.nomad.errors import (
     IndexConflict,
@@ -69,29 +69,6 @@ MAX_BLOCKING_WAIT_S = 300.0
 CONNECTIONS = 64  # kept-alive connections to Nomad
 
 
-def tls_options(
-    *, verify: bool, ca_cert: str | None, client_cert: str | None, client_key: str | None
-) -> tuple[bool | str, str | tuple[str, str] | None]:
-    """requests' `verify` and `cert` arguments for our TLS settings.
-
-    Raises ValueError for a named file that does not exist: requests would
-    otherwise raise a bare OSError on every request (even over plain HTTP)."""
-    for name, path in (
-        ("ca_cert", ca_cert),
-        ("client_cert", client_cert),
-        ("client_key", client_key),
-    ):
-        if path and not os.path.isfile(path):
-            raise ValueError(f"{name} {path!r} is not a file")
-    verify_opt: bool | str = ca_cert if (verify and ca_cert) else verify
-    cert: str | tuple[str, str] | None = None
-    if client_cert and client_key:
-        cert = (client_cert, client_key)
-    elif client_cert:
-        cert = client_cert  # one PEM file holding both
-    return verify_opt, cert
-
-
 def go_duration(seconds: float) -> str:
     """A Go duration string Nomad parses (`15s`, `1500ms`)."""
     ms = max(0, round(seconds * 1000))
@@ -118,22 +95,24 @@ class NomadClient:
 
     def __init__(
         self,
+        connection: NomadConnection | None = None,
         *,
-        address: str,
-        token: str | None = None,
-        namespace: str = "default",
-        region: str | None = None,
-        ca_cert: str | None = None,
-        client_cert: str | None = None,
-        client_key: str | None = None,
-        verify: bool = True,
+        address: str | None = None,
         timeout_s: float = 10.0,
         retry_attempts: int = 5,
         retry_max_wait_s: float = 2.0,
         on_request: RequestHook | None = None,
+        connections: int = CONNECTIONS,
     ) -> None:
-        self.address = address.rstrip("/")
-        self.namespace = namespace
+        """`connection` says where and how; `address` alone is short for
+        `NomadConnection(address=address)`. `connections` bounds the kept-alive
+        pool, and blocks a caller beyond it until one is free (the connection
+        budget's share of the HTTP pool)."""
+        if connection is None:
+            connection = NomadConnection(address=address or "http://127.0.0.1:4646")
+        self.connection = connection
+        self.address = connection.address
+        self.namespace = connection.namespace
         self._timeout_s = timeout_s
         self._on_request = on_request
         self._session = requests.Session()
@@ -144,19 +123,22 @@ class NomadClient:
         # One kept-alive connection per concurrent caller (API threads, writers,
         # fetchers): requests' default pool of 10 would close and reopen
         # connections under load.
+        # pool_block: a caller beyond the pool waits for a connection instead
+        # of opening one more that is closed after use, so the controller never
+        # holds more than `connections` HTTP connections to the agent.
         for scheme in ("http://", "https://"):
-            self._session.mount(scheme, requests.adapters.HTTPAdapter(pool_maxsize=CONNECTIONS))
-        verify_opt, cert = tls_options(
-            verify=verify, ca_cert=ca_cert, client_cert=client_cert, client_key=client_key
-        )
+            self._session.mount(
+                scheme,
+                requests.adapters.HTTPAdapter(pool_maxsize=max(1, connections), pool_block=True),
+            )
         settings: dict[str, Any] = {
             "address": self.address,
-            "namespace": namespace,
-            "token": token or None,
+            "namespace": connection.namespace,
+            "token": connection.token or None,
             "timeout": timeout_s,
-            "verify": verify_opt,
-            "cert": cert or (),
-            "region": region or None,
+            "verify": connection.requests_verify,
+            "cert": connection.requests_cert or (),
+            "region": connection.region or None,
             "session": self._session,
         }
         self._jobs = nomad.api.Jobs(**settings)

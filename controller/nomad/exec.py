@@ -36,7 +36,6 @@ import codecs
 import contextlib
 import json
 import logging
-import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -47,6 +46,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from controller.nomad.connection import NomadConnection
 from controller.nomad.errors import (
     ExecBroken,
     ExecError,
@@ -289,15 +289,9 @@ class ExecClient:
 
     def __init__(
         self,
+        connection: NomadConnection | None = None,
         *,
-        address: str,
-        token: str | None = None,
-        namespace: str | None = None,
-        region: str | None = None,
-        ca_cert: str | None = None,
-        client_cert: str | None = None,
-        client_key: str | None = None,
-        verify: bool = True,
+        address: str | None = None,
         connect_timeout_s: float = 10.0,
         heartbeat_s: float = HEARTBEAT_S,
         retry_attempts: int = 5,
@@ -305,17 +299,16 @@ class ExecClient:
     ) -> None:
         self._retry_attempts = retry_attempts
         self._retry_max_wait_s = retry_max_wait_s
-        parts = urlsplit(address.rstrip("/"))
-        scheme = "wss" if parts.scheme == "https" else "ws"
-        self._base = f"{scheme}://{parts.netloc}{parts.path}"
-        self._headers = {"X-Nomad-Token": token} if token else {}
-        self._namespace = namespace
-        self._region = region
+        if connection is None:
+            connection = NomadConnection(address=address or "http://127.0.0.1:4646")
+        self.connection = connection
+        self._base = websocket_base(connection.address)
+        self._headers = connection.headers
+        self._namespace = connection.namespace
+        self._region = connection.region
         self._connect_timeout_s = connect_timeout_s
         self._heartbeat_s = heartbeat_s
-        self._ssl = (
-            tls_context(ca_cert, client_cert, client_key, verify) if scheme == "wss" else None
-        )
+        self._ssl = connection.ssl_context
 
     def url(self, alloc_id: str, task: str, command: Sequence[str], tty: bool) -> str:
         query = exec_query(task, command, tty, self._namespace)
@@ -372,17 +365,11 @@ class ExecClient:
             await session.close()
 
 
-def tls_context(
-    ca_cert: str | None, client_cert: str | None, client_key: str | None, verify: bool
-) -> ssl.SSLContext:
-    """The TLS settings of the NOMAD_* variables as an SSLContext."""
-    context = ssl.create_default_context(cafile=ca_cert)
-    if client_cert and client_key:
-        context.load_cert_chain(client_cert, client_key)
-    if not verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
+def websocket_base(address: str) -> str:
+    """`ws://host:port` (`wss://` for https) of an HTTP address."""
+    parts = urlsplit(address.rstrip("/"))
+    scheme = "wss" if parts.scheme == "https" else "ws"
+    return f"{scheme}://{parts.netloc}{parts.path}"
 
 
 def _log_retry(state: tenacity.RetryCallState) -> None:
