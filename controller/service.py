@@ -28,6 +28,7 @@ from controller.metrics import Metrics
 from controller.model import Environment
 from controller.nomad.client import NomadClient
 from controller.nomad.exec import ExecClient
+from controller.nomad.nodes import NodeDirectory
 from controller.nomad.stream import EventStream
 from controller.nomad.template_file import load_template_file
 from controller.reconcile.loop import (
@@ -94,7 +95,12 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
         settings.controller_settings(), template=settings.template_policy(base)
     )
     controller = Controller(gateway, controller_settings, metrics=metrics, stream_factory=factory)
-    exec_client = ExecClient(connection, connect_timeout_s=settings.nomad_timeout_s)
+    exec_client = ExecClient(
+        connection,
+        nodes=NodeDirectory(gateway),
+        connect_timeout_s=settings.nomad_timeout_s,
+        on_request=metrics.record_request,
+    )
     app = create_app(
         controller.pools,
         api_token=settings.api_auth_token,

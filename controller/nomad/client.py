@@ -145,6 +145,8 @@ class NomadClient:
         self._job = nomad.api.Job(**settings)
         self._allocations = nomad.api.Allocations(**settings)
         self._variable = nomad.api.Variable(**settings)
+        self._allocation = nomad.api.Allocation(**settings)
+        self._node = nomad.api.Node(**settings)
         self._retrying = tenacity.Retrying(
             **retry_kwargs(retry_attempts, retry_max_wait_s, before_sleep=self._log_retry)
         )
@@ -167,6 +169,28 @@ class NomadClient:
         if reply.status == 404 or not isinstance(reply.body, dict):
             return None
         return reply.body
+
+    def allocation_node(self, alloc_id: str) -> str | None:
+        """The id of the node an allocation was placed on; None when Nomad
+        does not know the allocation."""
+        reply = self._call(
+            "get_allocation",
+            lambda: self._allocation.request(_segment(alloc_id), method="get"),
+            final=lambda status, _: "ok" if status == 404 else None,
+        )
+        node = reply.body.get("NodeID") if isinstance(reply.body, dict) else None
+        return node if isinstance(node, str) and node else None
+
+    def node_http_address(self, node_id: str) -> str | None:
+        """A node's `HTTPAddr` (host:port of its client agent); None when
+        Nomad does not know the node or publishes no address for it."""
+        reply = self._call(
+            "get_node",
+            lambda: self._node.request(_segment(node_id), method="get"),
+            final=lambda status, _: "ok" if status == 404 else None,
+        )
+        address = reply.body.get("HTTPAddr") if isinstance(reply.body, dict) else None
+        return address if isinstance(address, str) and address else None
 
     def list_allocations(self, index: int = 0, wait_s: float = 0) -> AllocListing:
         params: dict[str, Any] = {

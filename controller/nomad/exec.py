@@ -36,7 +36,9 @@ import codecs
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlencode, urlsplit
@@ -60,6 +62,7 @@ from controller.nomad.errors import (
     exec_refusal,
     retry_kwargs,
 )
+from controller.nomad.nodes import NodeDirectory
 
 __all__ = [
     "ExecBroken",
@@ -77,6 +80,13 @@ log = logging.getLogger(__name__)
 Stream = Literal["stdout", "stderr"]
 STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
 HEARTBEAT_S = 10.0
+# How long a connection to a node's own agent may take before the exec goes
+# through the configured address instead (Nomad's Go API client: 1 s too).
+NODE_CONNECT_TIMEOUT_S = 1.0
+# (operation, outcome, HTTP status or "none", seconds) after every handshake:
+# operation `exec_node` (on the node's agent), `exec` (the configured
+# address) or `exec_fallback` (the node's agent could not be reached).
+RequestHook = Callable[[str, str, str, float], None]
 # Nomad's output frames carry at most 1,024 bytes (4/3 of that in base64);
 # anything far larger is not Nomad talking.
 MAX_FRAME_BYTES = 1 << 20
@@ -284,37 +294,49 @@ class ExecSession:
 
 
 class ExecClient:
-    """Opens exec sessions against one Nomad address (the servers forward to
-    the allocation's node), with the gateway's token, namespace and TLS."""
+    """Opens exec sessions with the connection's token, namespace and TLS: on
+    the allocation's own node first, when a `NodeDirectory` names it, and on
+    the configured address otherwise (its agent forwards to the node)."""
 
     def __init__(
         self,
         connection: NomadConnection | None = None,
         *,
         address: str | None = None,
+        nodes: NodeDirectory | None = None,
         connect_timeout_s: float = 10.0,
+        node_connect_timeout_s: float = NODE_CONNECT_TIMEOUT_S,
         heartbeat_s: float = HEARTBEAT_S,
         retry_attempts: int = 5,
         retry_max_wait_s: float = 2.0,
+        on_request: RequestHook | None = None,
     ) -> None:
-        self._retry_attempts = retry_attempts
-        self._retry_max_wait_s = retry_max_wait_s
         if connection is None:
             connection = NomadConnection(address=address or "http://127.0.0.1:4646")
         self.connection = connection
-        self._base = websocket_base(connection.address)
-        self._headers = connection.headers
-        self._namespace = connection.namespace
-        self._region = connection.region
+        self._nodes = nodes
         self._connect_timeout_s = connect_timeout_s
+        self._node_connect_timeout_s = node_connect_timeout_s
         self._heartbeat_s = heartbeat_s
-        self._ssl = connection.ssl_context
+        self._retry_attempts = retry_attempts
+        self._retry_max_wait_s = retry_max_wait_s
+        self._on_request = on_request
+        self._fell_back: set[str] = set()  # node addresses already logged
 
-    def url(self, alloc_id: str, task: str, command: Sequence[str], tty: bool) -> str:
-        query = exec_query(task, command, tty, self._namespace)
-        if self._region:
-            query += "&" + urlencode({"region": self._region})
-        return f"{self._base}/v1/client/allocation/{alloc_id}/exec?{query}"
+    def url(
+        self,
+        alloc_id: str,
+        task: str,
+        command: Sequence[str],
+        tty: bool,
+        connection: NomadConnection | None = None,
+    ) -> str:
+        connection = connection or self.connection
+        query = exec_query(task, command, tty, connection.namespace)
+        if connection.region:
+            query += "&" + urlencode({"region": connection.region})
+        base = websocket_base(connection.address)
+        return f"{base}/v1/client/allocation/{alloc_id}/exec?{query}"
 
     async def open(
         self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
@@ -323,36 +345,111 @@ class ExecClient:
         ExecOverloaded when Nomad kept answering 429, ExecUnreachable when no
         connection could be made, both after the retry policy of every call
         to Nomad; ExecRejected (and its kin) for any other refusal."""
-        url = self.url(alloc_id, task, command, tty)
+        node = await self._nodes.address_of(alloc_id) if self._nodes is not None else None
+        if node is not None:
+            direct = self.connection.at(node)
+            if direct.address != self.connection.address:
+                try:
+                    ws = await self._handshake(
+                        "exec_node", alloc_id, task, command, tty, direct, node=True
+                    )
+                    return ExecSession(ws, self._heartbeat_s)
+                except _NoConnection as exc:
+                    self._fall_back(node, exc)
+        ws = await self._handshake("exec", alloc_id, task, command, tty, self.connection)
+        return ExecSession(ws, self._heartbeat_s)
+
+    def _fall_back(self, node: str, exc: _NoConnection) -> None:
+        self._report("exec_fallback", "unavailable", "none", 0.0)
+        if self._nodes is not None:
+            self._nodes.forget(node)
+        if node not in self._fell_back:
+            self._fell_back.add(node)
+            log.warning(
+                "cannot connect to the Nomad agent of node %s (%s): execs on that node go "
+                "through %s instead (logged once per node)",
+                node,
+                exc.cause,
+                self.connection.address,
+            )
+
+    async def _handshake(
+        self,
+        operation: str,
+        alloc_id: str,
+        task: str,
+        command: Sequence[str],
+        tty: bool,
+        connection: NomadConnection,
+        *,
+        node: bool = False,
+    ) -> ClientConnection:
+        url = self.url(alloc_id, task, command, tty, connection)
         retrying = tenacity.AsyncRetrying(
             **retry_kwargs(self._retry_attempts, self._retry_max_wait_s, before_sleep=_log_retry)
         )
-        ws: ClientConnection = await retrying(self._connect, url)
-        return ExecSession(ws, self._heartbeat_s)
+        ws: ClientConnection = await retrying(self._connect, operation, url, connection, node)
+        return ws
 
-    async def _connect(self, url: str) -> ClientConnection:
-        """One handshake; what a refusal means is `errors.exec_refusal`'s call."""
+    async def _connect(
+        self, operation: str, url: str, connection: NomadConnection, node: bool
+    ) -> ClientConnection:
+        """One handshake; what a refusal means is `errors.exec_refusal`'s call.
+        On a node's agent, failing to connect at all raises _NoConnection
+        (fall back), not ExecUnreachable (retry)."""
+        started = time.monotonic()
+        outcome, status = "error", "none"
+        parts = urlsplit(connection.address)
+        host, port = parts.hostname or "127.0.0.1", parts.port or (443 if connection.tls else 80)
+        timeout = self._node_connect_timeout_s if node else self._connect_timeout_s
         try:
-            return await websockets.connect(
-                url,
-                additional_headers=self._headers,
-                ssl=self._ssl,
-                open_timeout=self._connect_timeout_s,
-                # Nomad answers pings, but our own {} heartbeats are what it counts.
-                ping_interval=None,
-                max_size=MAX_FRAME_BYTES,
-                compression=None,
-                # Output waits here when the reader is slow: bounded, then TCP
-                # backpressure reaches Nomad.
-                max_queue=16,
-            )
-        except InvalidStatus as exc:
-            body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
-            raise exec_refusal(exc.response.status_code, body) from None
-        except (OSError, InvalidHandshake, TimeoutError, EOFError, AssertionError) as exc:
-            # AssertionError: websockets' client asserts on an answer it could
-            # not read whole (a 429 whose connection Nomad closes at once).
-            raise ExecUnreachable(f"could not reach Nomad for exec: {exc!r}") from None
+            try:
+                sock = await _dial(host, port, timeout)
+            except (OSError, TimeoutError) as exc:
+                outcome = "unavailable"
+                if node:
+                    raise _NoConnection(exc) from None
+                raise ExecUnreachable(f"could not reach Nomad for exec: {exc!r}") from None
+            try:
+                ws = await websockets.connect(
+                    url,
+                    sock=sock,
+                    additional_headers=connection.headers,
+                    ssl=connection.ssl_context,
+                    open_timeout=self._connect_timeout_s,
+                    # Nomad answers pings, but our own {} heartbeats are what it counts.
+                    ping_interval=None,
+                    max_size=MAX_FRAME_BYTES,
+                    compression=None,
+                    # Output waits here when the reader is slow: bounded, then TCP
+                    # backpressure reaches Nomad.
+                    max_queue=16,
+                )
+            except InvalidStatus as exc:
+                body = exc.response.body or b""
+                status = str(exc.response.status_code)
+                error = exec_refusal(exc.response.status_code, body.decode("utf-8", "replace"))
+                outcome = "unavailable" if isinstance(error, ExecOverloaded) else "error"
+                raise error from None
+            except (OSError, InvalidHandshake, TimeoutError, EOFError, AssertionError) as exc:
+                # AssertionError: websockets' client asserts on an answer it
+                # could not read whole (a 429 whose connection Nomad closes at
+                # once). All of these: refused or cut before the upgrade.
+                sock.close()
+                outcome = "unavailable"
+                raise ExecUnreachable(f"could not reach Nomad for exec: {exc!r}") from None
+            outcome, status = "ok", "101"
+            return ws
+        finally:
+            self._report(operation, outcome, status, time.monotonic() - started)
+
+    def _report(self, operation: str, outcome: str, status: str, seconds: float) -> None:
+        if self._on_request is None:
+            return
+        try:
+            self._on_request(operation, outcome, status, seconds)
+        except Exception:
+            log.exception("on_request hook failed for %s", operation)
 
     @contextlib.asynccontextmanager
     async def session(
@@ -363,6 +460,33 @@ class ExecClient:
             yield session
         finally:
             await session.close()
+
+
+class _NoConnection(Exception):
+    """No TCP connection to a node's agent: fall back to the configured address."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+async def _dial(host: str, port: int, timeout_s: float) -> socket.socket:
+    """A connected non-blocking socket to host:port within `timeout_s` (each
+    address tried in turn), so that "cannot connect" is told apart from a
+    slow handshake."""
+    loop = asyncio.get_running_loop()
+    infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout_s)
+    last: BaseException = OSError(f"no address for {host}:{port}")
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, address), timeout_s)
+            return sock
+        except (OSError, TimeoutError) as exc:
+            sock.close()
+            last = exc
+    raise last
 
 
 def websocket_base(address: str) -> str:
