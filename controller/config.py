@@ -49,6 +49,12 @@ from controller.execution.command import ExecSettings, parse_wrapper
 from controller.execution.service import ExecutionSettings
 from controller.files.service import FileSettings
 from controller.model import SECOND
+from controller.nomad.budget import (
+    DEFAULT_MAX_CONNS_PER_AGENT,
+    DEFAULT_QUEUE,
+    MIN_MAX_CONNS,
+    BudgetSettings,
+)
 from controller.nomad.connection import NomadConnection
 from controller.nomad.jobs import DEFAULT_CAP_DROP, TemplatePolicy
 from controller.reconcile.loop import ControllerSettings
@@ -543,6 +549,37 @@ class Settings(BaseSettings):
         description="Writes to Nomad in flight at once (1–256).",
         json_schema_extra=_allowed("an integer between 1 and 256"),
     )
+    nomad_exec_on_node: Boolean = Field(
+        default=True,
+        alias="NRC_NOMAD_EXEC_ON_NODE",
+        description=(
+            "Open execs on the client agent of the allocation's node first (its HTTPAddr), "
+            "falling back to NOMAD_ADDR; false: always through NOMAD_ADDR."
+        ),
+        json_schema_extra=_allowed(_BOOLEAN),
+    )
+    nomad_max_conns_per_agent: Integer = Field(
+        default=DEFAULT_MAX_CONNS_PER_AGENT,
+        alias="NRC_NOMAD_MAX_CONNS_PER_AGENT",
+        ge=MIN_MAX_CONNS,
+        le=10_000,
+        description=(
+            "Connections opened or held at once to one Nomad agent (HTTP pool, event stream, "
+            "exec handshakes); keep it under the agents' http_max_conns_per_client (100)."
+        ),
+        json_schema_extra=_allowed(f"an integer between {MIN_MAX_CONNS} and 10000"),
+    )
+    nomad_conn_queue: Integer = Field(
+        default=DEFAULT_QUEUE,
+        alias="NRC_NOMAD_CONN_QUEUE",
+        ge=0,
+        le=100_000,
+        description=(
+            "Exec handshakes that may wait per Nomad agent for a connection; beyond it "
+            "file operations answer 503 NOMAD_OVERLOAD and executions an error frame."
+        ),
+        json_schema_extra=_allowed("an integer between 0 and 100000"),
+    )
     nomad_timeout_s: Duration = Field(
         default=10.0,
         alias="NRC_NOMAD_TIMEOUT",
@@ -872,6 +909,11 @@ class Settings(BaseSettings):
     def file_settings(self) -> FileSettings:
         return FileSettings(
             exec=self.execution_settings().exec, max_upload_bytes=self.files_max_upload_bytes
+        )
+
+    def budget_settings(self) -> BudgetSettings:
+        return BudgetSettings(
+            max_conns_per_agent=self.nomad_max_conns_per_agent, queue=self.nomad_conn_queue
         )
 
     def nomad_connection(self, address: str | None = None) -> NomadConnection:

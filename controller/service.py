@@ -26,6 +26,7 @@ from controller.files.service import Files
 from controller.logs import configure_logging
 from controller.metrics import Metrics
 from controller.model import Environment
+from controller.nomad.budget import AgentSlots
 from controller.nomad.client import NomadClient
 from controller.nomad.exec import ExecClient
 from controller.nomad.nodes import NodeDirectory
@@ -64,8 +65,12 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
     NRC_TEMPLATE_JOB_FILE cannot carry runners."""
     metrics = Metrics()
     connection = settings.nomad_connection(nomad_address)
+    budget = AgentSlots(settings.budget_settings(), connection.address)
     gateway = NomadClient(
-        connection, timeout_s=settings.nomad_timeout_s, on_request=metrics.record_request
+        connection,
+        timeout_s=settings.nomad_timeout_s,
+        on_request=metrics.record_request,
+        connections=budget.shares.http_pool,
     )
     factory: StreamFactory | None = None
     if settings.event_stream:
@@ -97,9 +102,10 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
     controller = Controller(gateway, controller_settings, metrics=metrics, stream_factory=factory)
     exec_client = ExecClient(
         connection,
-        nodes=NodeDirectory(gateway),
+        nodes=NodeDirectory(gateway) if settings.nomad_exec_on_node else None,
         connect_timeout_s=settings.nomad_timeout_s,
         on_request=metrics.record_request,
+        budget=budget,
     )
     app = create_app(
         controller.pools,

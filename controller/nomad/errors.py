@@ -169,6 +169,14 @@ class ExecOverloaded(ExecRejected):
     reset before the upgrade) and kept refusing it through every retry."""
 
 
+class ConnectionsExhausted(ExecOverloaded):
+    """The controller's own budget of connections to the agent is spent and
+    its queue is full (controller.nomad.budget): the exec was not attempted,
+    and is not retried, which would only lengthen the queue."""
+
+    retry_after_s = 1
+
+
 class ExecBroken(ExecError):
     """The connection ended before the exit frame: the outcome is unknown."""
 
@@ -213,6 +221,8 @@ def exec_refusal(status: int, body: str) -> ExecError:
 
 def is_transient_error(exc: BaseException) -> bool:
     """Whether the same request may succeed when sent again."""
+    if isinstance(exc, ConnectionsExhausted):
+        return False
     if isinstance(exc, NomadUnavailable | ExecOverloaded | ExecUnreachable):
         return True
     return isinstance(exc, NomadAPIError) and exc.kind in TRANSIENT

@@ -48,8 +48,10 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from controller.nomad.budget import AgentSlots
 from controller.nomad.connection import NomadConnection
 from controller.nomad.errors import (
+    ConnectionsExhausted,
     ExecBroken,
     ExecError,
     ExecForbidden,
@@ -83,6 +85,9 @@ HEARTBEAT_S = 10.0
 # How long a connection to a node's own agent may take before the exec goes
 # through the configured address instead (Nomad's Go API client: 1 s too).
 NODE_CONNECT_TIMEOUT_S = 1.0
+# After a node's agent could not be connected to, its execs go straight to the
+# configured address for this long before the node is tried again.
+UNREACHABLE_NODE_S = 60.0
 # (operation, outcome, HTTP status or "none", seconds) after every handshake:
 # operation `exec_node` (on the node's agent), `exec` (the configured
 # address) or `exec_fallback` (the node's agent could not be reached).
@@ -310,7 +315,10 @@ class ExecClient:
         retry_attempts: int = 5,
         retry_max_wait_s: float = 2.0,
         on_request: RequestHook | None = None,
+        budget: AgentSlots | None = None,
     ) -> None:
+        """`budget` bounds the handshakes in flight per agent address (see
+        controller.nomad.budget); None: unbounded."""
         if connection is None:
             connection = NomadConnection(address=address or "http://127.0.0.1:4646")
         self.connection = connection
@@ -322,6 +330,10 @@ class ExecClient:
         self._retry_max_wait_s = retry_max_wait_s
         self._on_request = on_request
         self._fell_back: set[str] = set()  # node addresses already logged
+        # Node address → until when execs skip it (monotonic): a firewalled
+        # node would otherwise cost every exec the connect timeout.
+        self._unreachable: dict[str, float] = {}
+        self._budget = budget
 
     def url(
         self,
@@ -346,7 +358,7 @@ class ExecClient:
         connection could be made, both after the retry policy of every call
         to Nomad; ExecRejected (and its kin) for any other refusal."""
         node = await self._nodes.address_of(alloc_id) if self._nodes is not None else None
-        if node is not None:
+        if node is not None and self._unreachable.get(node, 0.0) <= time.monotonic():
             direct = self.connection.at(node)
             if direct.address != self.connection.address:
                 try:
@@ -361,6 +373,7 @@ class ExecClient:
 
     def _fall_back(self, node: str, exc: _NoConnection) -> None:
         self._report("exec_fallback", "unavailable", "none", 0.0)
+        self._unreachable[node] = time.monotonic() + UNREACHABLE_NODE_S
         if self._nodes is not None:
             self._nodes.forget(node)
         if node not in self._fell_back:
@@ -402,46 +415,69 @@ class ExecClient:
         parts = urlsplit(connection.address)
         host, port = parts.hostname or "127.0.0.1", parts.port or (443 if connection.tls else 80)
         timeout = self._node_connect_timeout_s if node else self._connect_timeout_s
+        slot = (
+            self._budget.slot(connection.address)
+            if self._budget is not None
+            else contextlib.nullcontext()
+        )
         try:
-            try:
-                sock = await _dial(host, port, timeout)
-            except (OSError, TimeoutError) as exc:
-                outcome = "unavailable"
-                if node:
-                    raise _NoConnection(exc) from None
-                raise ExecUnreachable(f"could not reach Nomad for exec: {exc!r}") from None
-            try:
-                ws = await websockets.connect(
-                    url,
-                    sock=sock,
-                    additional_headers=connection.headers,
-                    ssl=connection.ssl_context,
-                    open_timeout=self._connect_timeout_s,
-                    # Nomad answers pings, but our own {} heartbeats are what it counts.
-                    ping_interval=None,
-                    max_size=MAX_FRAME_BYTES,
-                    compression=None,
-                    # Output waits here when the reader is slow: bounded, then TCP
-                    # backpressure reaches Nomad.
-                    max_queue=16,
-                )
-            except InvalidStatus as exc:
-                body = exc.response.body or b""
-                status = str(exc.response.status_code)
-                error = exec_refusal(exc.response.status_code, body.decode("utf-8", "replace"))
-                outcome = "unavailable" if isinstance(error, ExecOverloaded) else "error"
-                raise error from None
-            except (OSError, InvalidHandshake, TimeoutError, EOFError, AssertionError) as exc:
-                # AssertionError: websockets' client asserts on an answer it
-                # could not read whole (a 429 whose connection Nomad closes at
-                # once). All of these: refused or cut before the upgrade.
-                sock.close()
-                outcome = "unavailable"
-                raise ExecUnreachable(f"could not reach Nomad for exec: {exc!r}") from None
+            async with slot:
+                ws = await self._upgrade(url, connection, host, port, timeout, node)
             outcome, status = "ok", "101"
             return ws
+        except ConnectionsExhausted:
+            # Never sent: counted as `budget` (no HTTP status).
+            outcome, status = "unavailable", "budget"
+            raise
+        except (_NoConnection, ExecUnreachable):
+            outcome = "unavailable"
+            raise
+        except ExecError as exc:
+            outcome = "unavailable" if isinstance(exc, ExecOverloaded) else "error"
+            status = str(exc.code) if exc.code else "none"
+            raise
         finally:
             self._report(operation, outcome, status, time.monotonic() - started)
+
+    async def _upgrade(
+        self,
+        url: str,
+        connection: NomadConnection,
+        host: str,
+        port: int,
+        timeout: float,
+        node: bool,
+    ) -> ClientConnection:
+        try:
+            sock = await _dial(host, port, timeout)
+        except (OSError, TimeoutError) as exc:
+            if node:
+                raise _NoConnection(exc) from None
+            raise ExecUnreachable(f"could not reach Nomad for exec: {exc!r}") from None
+        try:
+            return await websockets.connect(
+                url,
+                sock=sock,
+                additional_headers=connection.headers,
+                ssl=connection.ssl_context,
+                open_timeout=self._connect_timeout_s,
+                # Nomad answers pings, but our own {} heartbeats are what it counts.
+                ping_interval=None,
+                max_size=MAX_FRAME_BYTES,
+                compression=None,
+                # Output waits here when the reader is slow: bounded, then TCP
+                # backpressure reaches Nomad.
+                max_queue=16,
+            )
+        except InvalidStatus as exc:
+            body = exc.response.body or b""
+            raise exec_refusal(exc.response.status_code, body.decode("utf-8", "replace")) from None
+        except (OSError, InvalidHandshake, TimeoutError, EOFError, AssertionError) as exc:
+            # AssertionError: websockets' client asserts on an answer it
+            # could not read whole (a 429 whose connection Nomad closes at
+            # once). All of these: refused or cut before the upgrade.
+            sock.close()
+            raise ExecUnreachable(f"could not reach Nomad for exec: {exc!r}") from None
 
     def _report(self, operation: str, outcome: str, status: str, seconds: float) -> None:
         if self._on_request is None:
