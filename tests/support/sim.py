@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-PRODUCTION_TOPOLOGY = False
+PRODUCTION_TOPOLOGY = True
 
 # The production topology: SimConfig's own defaults.
 PRODUCTION: dict[str, Any] = {
