@@ -30,8 +30,10 @@ from controller.files.service import Files
 from controller.logs import configure_logging
 from controller.metrics import Metrics
 from controller.model import Environment
+from controller.nomad.budget import AgentSlots
 from controller.nomad.client import NomadClient
 from controller.nomad.exec import ExecClient
+from controller.nomad.nodes import NodeDirectory
 from controller.nomad.stream import EventStream
 from controller.nomad.template_file import load_template_file
 from controller.reconcile.loop import (
@@ -68,11 +70,14 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
     """Wire the parts; nothing starts yet. Raises TemplateFileError when
     NRC_TEMPLATE_JOB_FILE cannot carry runners."""
     metrics = Metrics()
-    connection = settings.nomad_client_kwargs()
-    stream_kwargs = settings.nomad_stream_kwargs()
-    if nomad_address is not None:
-        connection["address"] = stream_kwargs["address"] = nomad_address
-    gateway = NomadClient(**connection, on_request=metrics.record_request)
+    connection = settings.nomad_connection(nomad_address)
+    budget = AgentSlots(settings.budget_settings(), connection.address)
+    gateway = NomadClient(
+        connection,
+        timeout_s=settings.nomad_timeout_s,
+        on_request=metrics.record_request,
+        connections=budget.shares.http_pool,
+    )
     factory: StreamFactory | None = None
     if settings.event_stream:
 
@@ -81,8 +86,11 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
             on_state: Callable[[bool], None],
             start_index: int,
         ) -> EventSource:
+            # Only connecting is bounded by NRC_NOMAD_TIMEOUT: the read timeout
+            # must outlast Nomad's heartbeats, so it keeps EventStream's default.
             return EventStream(
-                **stream_kwargs,
+                connection,
+                connect_timeout_s=settings.nomad_timeout_s,
                 topics=EVENT_TOPICS,
                 on_events=on_events,
                 on_state=on_state,
@@ -99,8 +107,11 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
     )
     controller = Controller(gateway, controller_settings, metrics=metrics, stream_factory=factory)
     exec_client = ExecClient(
-        **{**settings.nomad_connection_kwargs(), "address": connection["address"]},
+        connection,
+        nodes=NodeDirectory(gateway) if settings.nomad_exec_on_node else None,
         connect_timeout_s=settings.nomad_timeout_s,
+        on_request=metrics.record_request,
+        budget=budget,
     )
     execution = executions(controller.pools, exec_client, settings.execution_settings())
     drain = Drain()

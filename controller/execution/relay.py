@@ -68,6 +68,7 @@ from controller.nomad.exec import (
     ExecError,
     ExecEvent,
     ExecForbidden,
+    ExecOverloaded,
     Exited,
     Output,
     StreamClosed,
@@ -392,6 +393,13 @@ class _Run:
         return Exit(code)
 
     async def _explain(self, exc: ExecError) -> Outcome:
+        if isinstance(exc, ExecOverloaded):
+            # Refused before anything ran: the runner is fine, Nomad (or our
+            # own connection budget) is busy.
+            log.warning("execution on runner %s not started: %s", self.runner_id, exc.reason)
+            return Failed(
+                f"Nomad is overloaded, the command was not started; try again: {exc.reason}"
+            )
         if isinstance(exc, ExecForbidden):
             log.error("Nomad refused the exec (the token needs alloc-exec): %s", exc.reason)
             return Failed(f"Nomad refused to run the command: {exc.reason}")
