@@ -2,11 +2,13 @@
 write bench/results/<name>.json for each and print the table.
 
 Names: claims, convergence, event_to_ready, pass_cost, steady_load (which also
-writes memory), executions, files, prewarm, timeouts, templates. `python -m bench prewarm --trace
-FILE.csv` replays a claim trace of your own instead of the shipped ones
-(bench/b8_prewarm.py). A benchmark that breaks is reported and the others still run;
-the exit status is 0 unless one could not run at all (targets missed are
-reported, never a failure).
+writes memory), executions, files, prewarm, timeouts, templates, production.
+`python -m bench prewarm --trace FILE.csv` replays a claim trace of your own
+instead of the shipped ones (bench/b8_prewarm.py). `--profile` adds, for claims
+and executions, where the controller's CPU goes by function (bench/profile.py).
+A benchmark that breaks is reported and the others still run; the exit status
+is 0 unless one could not run at all (targets missed are reported, never a
+failure).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from bench import (
     b8_prewarm,
     b9_timeouts,
     b10_templates,
+    b11_production,
 )
 from bench.common import Result, machine, render_table, write_result
 
@@ -42,6 +45,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[Result]]] = {
     "prewarm": lambda quick: [b8_prewarm.run(quick)],
     "timeouts": lambda quick: [b9_timeouts.run(quick)],
     "templates": lambda quick: [b10_templates.run(quick)],
+    "production": lambda quick: [b11_production.run(quick)],
 }
 
 
@@ -56,9 +60,18 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE.csv",
         help="prewarm: replay this claim trace (t_seconds,environment_id,hold_seconds); repeatable",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="claims, executions: also sample where the controller's CPU goes per claim or "
+        "execution, by function (bench/results/<name>_profile.json and .txt)",
+    )
     args = parser.parse_args(argv)
     names = args.names or list(BENCHMARKS)
     benchmarks = dict(BENCHMARKS)
+    if args.profile:
+        benchmarks["claims"] = lambda quick: [b1_claims.run(quick, profile=True)]
+        benchmarks["executions"] = lambda quick: [b6_executions.run(quick, profile=True)]
     if args.trace:
         if args.names and args.names != ["prewarm"]:
             parser.error("--trace is an option of the prewarm benchmark only")

@@ -31,6 +31,7 @@ from typing import Any
 
 from websockets.sync.client import connect
 
+from bench import profile as bench_profile
 from bench.common import (
     Http,
     Result,
@@ -277,7 +278,7 @@ def _with_controller(
         procs.remove(ctl_proc)
 
 
-def run(quick: bool = False) -> Result:
+def run(quick: bool = False, profile: bool = False) -> Result:
     result = Result("executions", "Executions and claims from clients in their own process")
     scale = 0.3 if quick else 1.0
     # Enough idle runners that 3 s of claims at 100/s never empty the pool.
@@ -310,6 +311,12 @@ def run(quick: bool = False) -> Result:
             }
             paced = open_loop(api, runners, 20.0, 10 * scale)
             details["round_trip_20_clients_20_per_s"] = summary_ms(paced)
+            if profile:
+                # An extra run, sampled: 10 executions/s of `echo hi`.
+                bench_profile.start(api)
+                sampled = open_loop(api, runners, 10.0, 10 * scale)
+                table = bench_profile.per_unit(bench_profile.stop(api), len(sampled))
+                details["profile"] = str(bench_profile.write("executions", "execution", table))
             rss_before = ctl.rss_mb()
             with RssSampler(ctl, 0.05) as sampler:
                 details["concurrent"] = concurrent_output(api, runners, 5, 1_000_000)

@@ -186,8 +186,10 @@ def start_sim(
     startup_delay_s: float = 0.5,
     stop_delay_s: float = 0.2,
     event_buffer: int = 100,
+    topology: str = "tests",
 ) -> tuple[ChildProcess, Http]:
-    """The simulator in its own process (see bench.simproc)."""
+    """The simulator in its own process (see bench.simproc); `topology` is
+    `tests` (what the suite runs against), `production` or `direct`."""
     proc = ChildProcess(
         python_module(
             "bench.simproc",
@@ -201,6 +203,8 @@ def start_sim(
             str(stop_delay_s),
             "--event-buffer",
             str(event_buffer),
+            "--topology",
+            topology,
         )
     )
     procs.append(proc)

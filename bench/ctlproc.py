@@ -147,37 +147,26 @@ def _profile_threads(path: str) -> Callable[[], None]:
     return dump
 
 
-_BLOCKING = {
-    ("threading.py", "wait"),
-    ("threading.py", "_wait_for_tstate_lock"),
-    ("selectors.py", "select"),
-    ("socket.py", "readinto"),
-    ("socket.py", "accept"),
-    ("queue.py", "get"),
-    ("ctlproc.py", "_run"),
-    ("thread.py", "_worker"),
-    ("observe.py", "snapshot"),
-    ("client.py", "send"),
-}
-
-
 class Sampler:
-    """A poor man's all-thread sampling profiler (cProfile and pyinstrument see
-    one thread): every 2 ms, each thread not blocked in a wait counts one
-    sample for every function on its stack. Started and written to a file
-    through `/_bench/probe?sample=start` and `?sample=<path>`."""
+    """An all-thread CPU profiler by sampling (cProfile and pyinstrument see
+    one thread): every 2 ms, each thread's CPU time since the last look is
+    charged to the functions on its stack — own to the top one, inclusive
+    to every one. A thread that waited costs nothing, wherever it waits
+    (uvloop's C loop included). Started and read through
+    `/_bench/probe?sample=start` and `?sample=stop` (or `=<path>`)."""
 
     def __init__(self, interval_s: float = 0.002) -> None:
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.inclusive: dict[str, int] = {}
-        self.own: dict[str, int] = {}
+        self.inclusive: dict[str, float] = {}
+        self.own: dict[str, float] = {}
         self.rounds = 0
+        self.cpu_s = 0.0
 
     def start(self) -> None:
         self.stop()
-        self.inclusive, self.own, self.rounds = {}, {}, 0
+        self.inclusive, self.own, self.rounds, self.cpu_s = {}, {}, 0, 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -188,28 +177,49 @@ class Sampler:
             self._thread.join()
             self._thread = None
 
-    def write(self, path: str) -> None:
+    def report(self, top: int = 40) -> dict[str, Any]:
+        """Stop and answer the CPU seconds by function, the largest first."""
         self.stop()
+
+        def ranked(charged: dict[str, float], n: int) -> list[list[Any]]:
+            return [[name, s] for name, s in sorted(charged.items(), key=lambda kv: -kv[1])[:n]]
+
+        return {
+            "rounds": self.rounds,
+            "cpu_s": self.cpu_s,
+            "own": ranked(self.own, top),
+            "inclusive": ranked(self.inclusive, 2 * top),
+        }
+
+    def write(self, path: str) -> None:
+        report = self.report(60)
         with open(path, "w") as out:
-            out.write(f"{self.rounds} sampling rounds of every 2 ms\n\n== own ==\n")
-            for name, n in sorted(self.own.items(), key=lambda kv: -kv[1])[:60]:
-                out.write(f"{n:8d}  {name}\n")
+            out.write(f"{report['rounds']} rounds, {report['cpu_s']:.3f} s of CPU\n\n== own ==\n")
+            for name, s in report["own"]:
+                out.write(f"{s * 1000:10.1f} ms  {name}\n")
             out.write("\n== inclusive ==\n")
-            for name, n in sorted(self.inclusive.items(), key=lambda kv: -kv[1])[:150]:
-                out.write(f"{n:8d}  {name}\n")
+            for name, s in report["inclusive"]:
+                out.write(f"{s * 1000:10.1f} ms  {name}\n")
 
     def _run(self) -> None:
         import sys
 
         me = threading.get_ident()
+        last: dict[int, float] = {}
         while not self._stop.wait(self.interval_s):
             self.rounds += 1
             for ident, frame in sys._current_frames().items():
                 if ident == me:
                     continue
-                top = (os.path.basename(frame.f_code.co_filename), frame.f_code.co_name)
-                if top in _BLOCKING:
+                try:
+                    now = time.clock_gettime(time.pthread_getcpuclockid(ident))
+                except OSError:  # the thread ended meanwhile
                     continue
+                spent = now - last.get(ident, now)
+                last[ident] = now
+                if spent <= 0:
+                    continue
+                self.cpu_s += spent
                 seen: set[str] = set()
                 f: Any = frame
                 while f is not None:
@@ -217,9 +227,9 @@ class Sampler:
                     where = os.path.relpath(code.co_filename)
                     name = f"{where}:{code.co_firstlineno}:{code.co_name}"
                     if not seen:
-                        self.own[name] = self.own.get(name, 0) + 1
+                        self.own[name] = self.own.get(name, 0.0) + spent
                     if name not in seen:
-                        self.inclusive[name] = self.inclusive.get(name, 0) + 1
+                        self.inclusive[name] = self.inclusive.get(name, 0.0) + spent
                         seen.add(name)
                     f = f.f_back
 
@@ -237,6 +247,8 @@ def main() -> int:
     def bench_probe(reset: int = 0, sample: str = "") -> dict[str, Any]:
         if sample == "start":
             sampler.start()
+        elif sample == "stop":
+            return {**probe.report(bool(reset)), "profile": sampler.report()}
         elif sample:
             sampler.write(sample)
         return probe.report(bool(reset))

@@ -38,7 +38,7 @@ from starlette.routing import Route
 from controller.model import Environment
 from controller.nomad import jobs
 from nomadsim import SimConfig, SimServer, Simulator
-from tests.support.sim import TOPOLOGY
+from tests.support.sim import DIRECT, PRODUCTION, TOPOLOGY
 
 NAMESPACE = "default"
 
@@ -152,16 +152,21 @@ def bench_routes(sim: Simulator) -> list[Route]:
     ]
 
 
+def _topology(name: str) -> dict[str, Any]:
+    """`tests`: the topology the suite runs against (tests/support/sim.py
+    `TOPOLOGY`: one switch for both); `production` or `direct` by name."""
+    return {"tests": TOPOLOGY, "production": PRODUCTION, "direct": DIRECT}[name]
+
+
 def serve(args: argparse.Namespace) -> None:
-    """Serve until SIGTERM or SIGINT, in the topology the tests use
-    (tests/support/sim.py `TOPOLOGY`: one switch for both)."""
+    """Serve until SIGTERM or SIGINT."""
     server = SimServer(
         SimConfig(
             nodes=args.nodes,
             startup_delay_ms=args.startup_delay * 1000,
             stop_delay_ms=args.stop_delay * 1000,
             event_buffer_size=args.event_buffer,
-            **TOPOLOGY,
+            **_topology(args.topology),
         ),
         port=args.port,
     )
@@ -184,6 +189,7 @@ def main() -> None:
     parser.add_argument("--startup-delay", type=float, default=0.5)
     parser.add_argument("--stop-delay", type=float, default=0.2)
     parser.add_argument("--event-buffer", type=int, default=100)
+    parser.add_argument("--topology", choices=["tests", "production", "direct"], default="tests")
     serve(parser.parse_args())
 
 

@@ -52,6 +52,13 @@ from controller.execution.store import Limits
 from controller.files.service import FileSettings
 from controller.files.upload import Limits as UploadLimits
 from controller.model import SECOND
+from controller.nomad.budget import (
+    DEFAULT_MAX_CONNS_PER_AGENT,
+    DEFAULT_QUEUE,
+    MIN_MAX_CONNS,
+    BudgetSettings,
+)
+from controller.nomad.connection import NomadConnection
 from controller.nomad.jobs import DEFAULT_CAP_DROP, TemplatePolicy
 from controller.reconcile.loop import ControllerSettings
 from controller.reconcile.plan import PlanSettings
@@ -238,6 +245,15 @@ _CAPABILITY = re.compile(r"[a-z_]+")
 RUNNER_CAPABILITIES = ("kill", "setuid", "setgid", "chown", "fowner", "dac_override")
 
 
+def _holds_private_key(path: str) -> bool:
+    """Whether a PEM file holds a private key besides its certificate."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as pem:
+            return "PRIVATE KEY-----" in pem.read(1 << 20)
+    except OSError:
+        return False
+
+
 def _capabilities(value: str) -> list[str]:
     """`NET_RAW, cap_mknod` → ["net_raw", "mknod"]; `none` or empty → []."""
     if value.strip().lower() in ("", "none"):
@@ -321,7 +337,9 @@ class Settings(BaseSettings):
     nomad_client_cert: str | None = Field(
         default=None,
         alias="NOMAD_CLIENT_CERT",
-        description="PEM client certificate for mutual TLS (with NOMAD_CLIENT_KEY).",
+        description=(
+            "PEM client certificate for mutual TLS, with NOMAD_CLIENT_KEY or holding its key."
+        ),
         json_schema_extra=_allowed(_FILE),
     )
     nomad_client_key: str | None = Field(
@@ -376,6 +394,15 @@ class Settings(BaseSettings):
         description="Build websocketUrl from X-Forwarded-Proto and X-Forwarded-Host (only "
         "behind a proxy that sets them).",
         json_schema_extra=_allowed(_BOOLEAN),
+    )
+    shutdown_grace_s: Duration = Field(
+        default=20.0,
+        alias="NRC_SHUTDOWN_GRACE",
+        ge=0,
+        description="On SIGTERM, how long running executions and file operations may go on "
+        "before each still running is ended with an error frame (docs/operations.md). Keep "
+        "the controller job's kill_timeout above it.",
+        json_schema_extra=_allowed(f"a duration of 0 or more, {_DURATION_FORMS}", duration=True),
     )
 
     # --- executions ---
@@ -551,6 +578,37 @@ class Settings(BaseSettings):
         le=256,
         description="Writes to Nomad in flight at once (1–256).",
         json_schema_extra=_allowed("an integer between 1 and 256"),
+    )
+    nomad_exec_on_node: Boolean = Field(
+        default=True,
+        alias="NRC_NOMAD_EXEC_ON_NODE",
+        description=(
+            "Open execs on the client agent of the allocation's node first (its HTTPAddr), "
+            "falling back to NOMAD_ADDR; false: always through NOMAD_ADDR."
+        ),
+        json_schema_extra=_allowed(_BOOLEAN),
+    )
+    nomad_max_conns_per_agent: Integer = Field(
+        default=DEFAULT_MAX_CONNS_PER_AGENT,
+        alias="NRC_NOMAD_MAX_CONNS_PER_AGENT",
+        ge=MIN_MAX_CONNS,
+        le=10_000,
+        description=(
+            "Connections opened or held at once to one Nomad agent (HTTP pool, event stream, "
+            "exec handshakes); keep it under the agents' http_max_conns_per_client (100)."
+        ),
+        json_schema_extra=_allowed(f"an integer between {MIN_MAX_CONNS} and 10000"),
+    )
+    nomad_conn_queue: Integer = Field(
+        default=DEFAULT_QUEUE,
+        alias="NRC_NOMAD_CONN_QUEUE",
+        ge=0,
+        le=100_000,
+        description=(
+            "Exec handshakes that may wait per Nomad agent for a connection; beyond it "
+            "file operations answer 503 NOMAD_OVERLOAD and executions an error frame."
+        ),
+        json_schema_extra=_allowed("an integer between 0 and 100000"),
     )
     nomad_timeout_s: Duration = Field(
         default=10.0,
@@ -895,6 +953,13 @@ class Settings(BaseSettings):
     def _check_client_pair(self) -> Settings:
         # A certificate without its key (or the reverse) cannot authenticate;
         # Nomad's CLI silently ignores the half it got.
+        if self.nomad_client_cert is not None and self.nomad_client_key is None:
+            if _holds_private_key(self.nomad_client_cert):
+                return self  # one PEM holding certificate and key
+            raise ValueError(
+                "NOMAD_CLIENT_KEY: must be set together with NOMAD_CLIENT_CERT (only "
+                "NOMAD_CLIENT_CERT is set, and its file holds no private key)"
+            )
         if (self.nomad_client_cert is None) != (self.nomad_client_key is None):
             have, missing = (
                 ("NOMAD_CLIENT_CERT", "NOMAD_CLIENT_KEY")
@@ -1006,31 +1071,26 @@ class Settings(BaseSettings):
             ),
         )
 
-    def nomad_connection_kwargs(self) -> dict[str, Any]:
-        """Where and how to reach Nomad: the keyword arguments NomadClient and
-        EventStream share. Holds the token in clear: never log it."""
+    def budget_settings(self) -> BudgetSettings:
+        return BudgetSettings(
+            max_conns_per_agent=self.nomad_max_conns_per_agent, queue=self.nomad_conn_queue
+        )
+
+    def nomad_connection(self, address: str | None = None) -> NomadConnection:
+        """Where and how to reach Nomad (at `address` instead of NOMAD_ADDR
+        when given), TLS built once: the one value the HTTP client, the event
+        stream and the exec client share. Holds the token: never log it."""
         token = self.nomad_token.get_secret_value() if self.nomad_token is not None else None
-        return {
-            "address": self.nomad_addr,
-            "token": token,
-            "namespace": self.nomad_namespace,
-            "region": self.nomad_region,
-            "ca_cert": self.nomad_cacert,
-            "client_cert": self.nomad_client_cert,
-            "client_key": self.nomad_client_key,
-            "verify": not self.nomad_skip_verify,
-        }
-
-    def nomad_client_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for NomadClient (holds the token: never log it)."""
-        return {**self.nomad_connection_kwargs(), "timeout_s": self.nomad_timeout_s}
-
-    def nomad_stream_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for EventStream besides topics and callbacks (holds
-        the token: never log it). Only connecting is bounded by NRC_NOMAD_TIMEOUT:
-        the stream's read timeout must outlast Nomad's heartbeats, so it keeps
-        EventStream's default."""
-        return {**self.nomad_connection_kwargs(), "connect_timeout_s": self.nomad_timeout_s}
+        return NomadConnection(
+            address=address if address is not None else self.nomad_addr,
+            token=token,
+            namespace=self.nomad_namespace,
+            region=self.nomad_region,
+            ca_cert=self.nomad_cacert,
+            client_cert=self.nomad_client_cert,
+            client_key=self.nomad_client_key,
+            verify=not self.nomad_skip_verify,
+        )
 
 
 # --- loading -----------------------------------------------------------------

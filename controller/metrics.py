@@ -194,7 +194,9 @@ class Metrics:
         )
         self.nomad_requests = Counter(
             "nrc_nomad_requests_total",
-            "HTTP requests to Nomad by operation and status (`none`: no answer), retries included.",
+            "HTTP requests to Nomad by operation and status (`none`: no answer), retries "
+            "included; exec handshakes as `exec_node` (on the allocation's node), `exec` "
+            "(NOMAD_ADDR) and `exec_fallback` (the node's agent could not be reached).",
             ["operation", "status"],
             registry=r,
         )

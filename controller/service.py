@@ -5,6 +5,7 @@ the reconcile loop, and the HTTP API on uvicorn — against a real Nomad
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -14,6 +15,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -22,17 +24,21 @@ from pydantic import SecretStr
 
 from controller.api import head_deadline
 from controller.api.app import create_app
+from controller.api.drain import Drain, run_drain
 from controller.api.executions import WebSocketUrls
 from controller.api.guard import allowed_hosts
 from controller.api.uploads import UploadSettings
 from controller.config import Settings
+from controller.execution.relay import Relay
 from controller.execution.service import executions
 from controller.files.service import Files
 from controller.logs import configure_logging
 from controller.metrics import Metrics
 from controller.model import Environment
+from controller.nomad.budget import AgentSlots
 from controller.nomad.client import NomadClient
 from controller.nomad.exec import ExecClient
+from controller.nomad.nodes import NodeDirectory
 from controller.nomad.stream import EventStream
 from controller.nomad.template_file import load_template_file
 from controller.reconcile.loop import (
@@ -61,17 +67,22 @@ class Service:
     settings: Settings
     controller: Controller
     app: FastAPI
+    drain: Drain
+    relay: Relay
 
 
 def build(settings: Settings, nomad_address: str | None = None) -> Service:
     """Wire the parts; nothing starts yet. Raises TemplateFileError when
     NRC_TEMPLATE_JOB_FILE cannot carry runners."""
     metrics = Metrics()
-    connection = settings.nomad_client_kwargs()
-    stream_kwargs = settings.nomad_stream_kwargs()
-    if nomad_address is not None:
-        connection["address"] = stream_kwargs["address"] = nomad_address
-    gateway = NomadClient(**connection, on_request=metrics.record_request)
+    connection = settings.nomad_connection(nomad_address)
+    budget = AgentSlots(settings.budget_settings(), connection.address)
+    gateway = NomadClient(
+        connection,
+        timeout_s=settings.nomad_timeout_s,
+        on_request=metrics.record_request,
+        connections=budget.shares.http_pool,
+    )
     factory: StreamFactory | None = None
     if settings.event_stream:
 
@@ -80,8 +91,11 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
             on_state: Callable[[bool], None],
             start_index: int,
         ) -> EventSource:
+            # Only connecting is bounded by NRC_NOMAD_TIMEOUT: the read timeout
+            # must outlast Nomad's heartbeats, so it keeps EventStream's default.
             return EventStream(
-                **stream_kwargs,
+                connection,
+                connect_timeout_s=settings.nomad_timeout_s,
                 topics=EVENT_TOPICS,
                 on_events=on_events,
                 on_state=on_state,
@@ -98,9 +112,14 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
     )
     controller = Controller(gateway, controller_settings, metrics=metrics, stream_factory=factory)
     exec_client = ExecClient(
-        **{**settings.nomad_connection_kwargs(), "address": connection["address"]},
+        connection,
+        nodes=NodeDirectory(gateway) if settings.nomad_exec_on_node else None,
         connect_timeout_s=settings.nomad_timeout_s,
+        on_request=metrics.record_request,
+        budget=budget,
     )
+    execution = executions(controller.pools, exec_client, settings.execution_settings())
+    drain = Drain()
     app = create_app(
         controller.pools,
         api_token=settings.api_auth_token,
@@ -112,7 +131,7 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
         else (),
         max_pool_size=settings.max_pool_size,
         pool_alert_threshold=settings.pool_alert_threshold,
-        execution=executions(controller.pools, exec_client, settings.execution_settings()),
+        execution=execution,
         websocket_urls=WebSocketUrls(
             scheme=settings.api_websocket_scheme,
             trust_proxy_headers=settings.api_trust_proxy_headers,
@@ -123,18 +142,77 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
             idle_timeout_s=settings.files_upload_idle_timeout_s,
         ),
         max_upload_bytes=settings.files_max_upload_bytes,
+        drain=drain,
     )
-    return Service(settings, controller, app)
+    return Service(settings, controller, app, drain, execution.relay)
 
 
 class _Server(uvicorn.Server):
     """uvicorn, telling us once it listens (so `dev` prints working URLs), and
     exiting 0 on SIGINT/SIGTERM: a requested stop is a clean stop (uvicorn
-    itself re-raises the signal after shutting down)."""
+    itself re-raises the signal after shutting down). The first signal starts
+    the service's drain (controller/api/drain.py), which tells uvicorn to
+    exit when it is done; a second ends at once."""
 
-    def __init__(self, config: uvicorn.Config, on_started: Callable[[str], None] | None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_started: Callable[[str], None] | None,
+        service: Service | None = None,
+    ) -> None:
         super().__init__(config)
         self._on_started = on_started
+        self._service = service
+        self._draining = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        service = self._service
+        if service is None or self._draining or not self.started:
+            if service is not None:
+                service.relay.end_all()
+            self.force_exit = self._draining
+            self.should_exit = True
+            return
+        self._draining = True
+        log.info("draining: %s received, new work refused", signal.Signals(sig).name)
+        # A signal handler runs between two steps of the loop: the drain is
+        # handed to the loop (which this wakes) rather than started here.
+        asyncio.get_running_loop().call_soon_threadsafe(self._start_drain, service)
+
+    def _start_drain(self, service: Service) -> None:
+        task = asyncio.ensure_future(self._drain(service))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drain(self, service: Service) -> None:
+        settings = service.settings
+        controller = service.controller
+
+        async def step_down() -> None:
+            await asyncio.to_thread(controller.step_down)
+
+        relay = service.relay
+        try:
+            ended = await run_drain(
+                service.drain,
+                step_down=step_down,
+                end_executions=relay.end_all,
+                executions_ended=relay.wait_background,
+                grace_s=settings.shutdown_grace_s,
+            )
+            log.info(
+                "drained: %s",
+                "everything in flight ended"
+                if ended
+                else f"grace of {settings.shutdown_grace_s:g}s over, executions still running "
+                "ended",
+            )
+        except Exception:
+            log.exception("the drain failed; stopping now")
+            relay.end_all()
+        finally:
+            self.should_exit = True
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -171,10 +249,14 @@ def serve(service: Service, on_started: Callable[[str], None] | None = None) -> 
         timeout_graceful_shutdown=5,
         http=head_deadline.protocol(s.api_request_head_timeout_s),
     )
-    server = _Server(config, on_started)
-    service.controller.start()
+    server = _Server(config, on_started, service)
     try:
+        with _stoppable_start():
+            service.controller.start()
         server.run()
+    except _StopBeforeServing:
+        log.info("stopped before serving")
+        return 0
     finally:
         service.controller.stop()
     if not server.started:
@@ -189,6 +271,30 @@ def _secrets(settings: Settings) -> list[str]:
     return [s for s in (settings.api_auth_token, nomad) if s]
 
 
+class _StopBeforeServing(Exception):
+    """SIGTERM or SIGINT before the API serves: nothing is in flight to drain."""
+
+
+def _stop_before_serving(sig: int, frame: FrameType | None) -> None:
+    raise _StopBeforeServing(signal.Signals(sig).name)
+
+
+@contextlib.contextmanager
+def _stoppable_start() -> Iterator[None]:
+    """Until uvicorn takes the signals over, a SIGTERM (a deploy that stops
+    a replica still starting) ends the start-up cleanly, exit 0, rather
+    than by the signal's default action."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _stop_before_serving) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run(settings: Settings) -> int:
     configure_logging(settings.log_level, settings.effective_log_format, _secrets(settings))
     log.info("controller against Nomad at %s", settings.nomad_addr)
@@ -197,7 +303,13 @@ def run(settings: Settings) -> int:
             "NRC_API_TOKEN is not set: the API on %s takes requests without authentication",
             settings.api_host,
         )
-    return serve(build(settings))
+    try:
+        with _stoppable_start():
+            service = build(settings)
+    except _StopBeforeServing:
+        log.info("stopped before serving")
+        return 0
+    return serve(service)
 
 
 def dev(settings: Settings, topology: dict[str, Any] | None = None) -> int:

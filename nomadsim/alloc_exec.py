@@ -410,7 +410,13 @@ def exec_endpoint(sim: Simulator) -> Callable[[WebSocket], Awaitable[None]]:
             except NomadError as exc:
                 await close(websocket, ws_code(exc.status), exc.text)
                 return
-            await bridge(websocket, execution)
+            served: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            sim.exec_streams.add(served)
+            try:
+                await bridge(websocket, execution)
+            finally:
+                sim.exec_streams.discard(served)
+                served.set_result(None)
         finally:
             if server is not None:
                 sim.frontends.rpc.close_stream(server, agent.ip)

@@ -51,6 +51,8 @@ class Simulator:
         self.acl = Acl(self.config)
         self.requests: dict[str, int] = {}
         self.stopped = False
+        # Exec streams being served: a stop waits for their last frames.
+        self.exec_streams: set[asyncio.Future[None]] = set()
         # The agents in front of this state (their addresses are bound by
         # the server before `start`).
         self.frontends = Frontends(self.config)

@@ -259,6 +259,11 @@ class SimServer:
 
     async def _close_sim(self) -> None:
         self.sim.stop()
+        # The killed executions' exit frames are sent before uvicorn closes
+        # their WebSockets (1012) on its way out.
+        streams = set(self.sim.exec_streams)
+        if streams:
+            await asyncio.wait(streams, timeout=2.0)
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run a zero-argument callable on the simulator's loop and return its

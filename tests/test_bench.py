@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import profile as bench_profile
 from bench.b7_files import StreamedUpload, submission
 from bench.common import (
     Figure,
@@ -114,3 +115,19 @@ def test_a_streamed_upload_is_the_json_of_its_file(size: int) -> None:
     assert upload.length == sum(map(len, chunks))
     assert upload.sha256 == hashlib.sha256(content).hexdigest()
     assert all(len(c) <= 8 for c in chunks[1:-1])  # one block's base64 at a time
+
+
+def test_a_profile_is_cpu_ms_per_unit_by_function(tmp_path: Path) -> None:
+    sampled = {
+        "rounds": 10,
+        "cpu_s": 0.5,
+        "own": [["a.py:1:f", 0.3], ["b.py:2:g", 0.2]],
+        "inclusive": [["main", 0.5], ["a.py:1:f", 0.3]],
+    }
+    table = bench_profile.per_unit(sampled, 100)
+    assert table["cpu_ms_per_unit"] == 5.0
+    assert table["own_ms"] == [["a.py:1:f", 3.0], ["b.py:2:g", 2.0]]
+    path = bench_profile.write("claims", "claim", table, tmp_path)
+    assert json.loads(path.read_text())["unit"] == "claim"
+    text = path.with_suffix(".txt").read_text()
+    assert "controller CPU per claim: 5.000 ms" in text and "3.000  a.py:1:f" in text

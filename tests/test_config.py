@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+import trustme
 from pydantic import ValidationError
 
 from controller.config import (
@@ -27,7 +28,9 @@ from controller.config import (
 )
 from controller.model import SECOND
 from controller.nomad.client import NomadClient
+from controller.nomad.connection import NomadConnection
 from controller.nomad.events import EventRef
+from controller.nomad.exec import ExecClient
 from controller.nomad.jobs import TemplatePolicy
 from controller.nomad.stream import EventStream
 from controller.reconcile.loop import ControllerSettings
@@ -51,6 +54,7 @@ ALL_VARIABLES = [
     "NRC_API_TOKEN",
     "NRC_API_WEBSOCKET_SCHEME",
     "NRC_API_TRUST_PROXY_HEADERS",
+    "NRC_SHUTDOWN_GRACE",
     "NRC_EXEC_TASK",
     "NRC_EXEC_UNPRIVILEGED_WRAPPER",
     "NRC_EXEC_SEPARATE_STDERR",
@@ -73,6 +77,9 @@ ALL_VARIABLES = [
     "NRC_LOST_RUNNER_RETENTION",
     "NRC_NOMAD_WRITE_RATE",
     "NRC_NOMAD_WRITE_CONCURRENCY",
+    "NRC_NOMAD_EXEC_ON_NODE",
+    "NRC_NOMAD_MAX_CONNS_PER_AGENT",
+    "NRC_NOMAD_CONN_QUEUE",
     "NRC_NOMAD_TIMEOUT",
     "NRC_WORKERS",
     "NRC_MAX_BACKOFF",
@@ -110,11 +117,15 @@ def problems_of(environ: dict[str, str]) -> list[str]:
 
 @pytest.fixture
 def pem_files(tmp_path: Path) -> dict[str, str]:
-    files = {}
-    for name in ("ca.pem", "cert.pem", "key.pem"):
-        path = tmp_path / name
-        path.write_text("-----BEGIN PLACEHOLDER-----\n")
-        files[name] = str(path)
+    """A CA, a client certificate and its key (and both in one PEM), real
+    enough for the TLS context NomadConnection builds."""
+    ca = trustme.CA()
+    client = ca.issue_cert("nomad-runner-controller")
+    files = {name: str(tmp_path / name) for name in ("ca.pem", "cert.pem", "key.pem", "both.pem")}
+    ca.cert_pem.write_to_path(files["ca.pem"])
+    client.cert_chain_pems[0].write_to_path(files["cert.pem"])
+    client.private_key_pem.write_to_path(files["key.pem"])
+    client.private_key_and_cert_chain_pem.write_to_path(files["both.pem"])
     return files
 
 
@@ -445,6 +456,16 @@ LOCK_PATH = (
             "257",
             'NRC_NOMAD_WRITE_CONCURRENCY: must be an integer between 1 and 256 (got "257")',
         ),
+        (
+            "NRC_NOMAD_MAX_CONNS_PER_AGENT",
+            "2",
+            'NRC_NOMAD_MAX_CONNS_PER_AGENT: must be an integer between 3 and 10000 (got "2")',
+        ),
+        (
+            "NRC_NOMAD_CONN_QUEUE",
+            "-1",
+            'NRC_NOMAD_CONN_QUEUE: must be an integer between 0 and 100000 (got "-1")',
+        ),
         ("NRC_MAX_POOL_SIZE", "-1", 'NRC_MAX_POOL_SIZE: must be an integer, at least 0 (got "-1")'),
         ("NRC_FAILURE_BUDGET", "0", 'NRC_FAILURE_BUDGET: must be an integer, at least 1 (got "0")'),
         # numbers
@@ -694,8 +715,10 @@ def assert_no_secret(text: str) -> None:
 def test_secrets_are_usable() -> None:
     s = secret_settings()
     assert s.api_auth_token == API_TOKEN
-    assert s.nomad_client_kwargs()["token"] == NOMAD_TOKEN
-    assert s.nomad_stream_kwargs()["token"] == NOMAD_TOKEN
+    connection = s.nomad_connection()
+    assert connection.token == NOMAD_TOKEN
+    assert connection.headers == {"X-Nomad-Token": NOMAD_TOKEN}
+    assert NOMAD_TOKEN not in repr(connection)
 
 
 def test_secrets_never_rendered() -> None:
@@ -841,17 +864,27 @@ def test_tls_files(pem_files: dict[str, str]) -> None:
             "NOMAD_CLIENT_KEY": pem_files["key.pem"],
         }
     )
-    kwargs = s.nomad_client_kwargs()
-    assert kwargs["ca_cert"] == pem_files["ca.pem"]
-    assert kwargs["client_cert"] == pem_files["cert.pem"]
-    assert kwargs["client_key"] == pem_files["key.pem"]
+    connection = s.nomad_connection()
+    assert connection.ca_cert == pem_files["ca.pem"]
+    assert connection.requests_verify == pem_files["ca.pem"]
+    assert connection.requests_cert == (pem_files["cert.pem"], pem_files["key.pem"])
+    assert connection.ssl_context is not None
 
 
 def test_client_cert_without_key(pem_files: dict[str, str]) -> None:
     assert problems_of({"NOMAD_CLIENT_CERT": pem_files["cert.pem"]}) == [
         "NOMAD_CLIENT_KEY: must be set together with NOMAD_CLIENT_CERT "
-        "(only NOMAD_CLIENT_CERT is set)"
+        "(only NOMAD_CLIENT_CERT is set, and its file holds no private key)"
     ]
+
+
+def test_client_cert_holding_its_key(pem_files: dict[str, str]) -> None:
+    s = load_settings(
+        {"NOMAD_ADDR": "https://nomad:4646", "NOMAD_CLIENT_CERT": pem_files["both.pem"]}
+    )
+    connection = s.nomad_connection()
+    assert connection.requests_cert == pem_files["both.pem"]
+    assert connection.ssl_context is not None  # the combined PEM loads for exec too
 
 
 def test_client_key_without_cert(pem_files: dict[str, str]) -> None:
@@ -941,49 +974,42 @@ def test_controller_settings_mapping(pem_files: dict[str, str]) -> None:
     assert (s.log_level, s.log_format) == ("WARNING", "text")
 
 
-def test_nomad_kwargs_mapping(pem_files: dict[str, str]) -> None:
+def test_nomad_connection_mapping(pem_files: dict[str, str]) -> None:
     s = load_settings(full_environ(pem_files))
-    connection = {
-        "address": "https://nomad.internal:4646",
-        "token": NOMAD_TOKEN,
-        "namespace": "sandboxes",
-        "region": "eu",
-        "ca_cert": pem_files["ca.pem"],
-        "client_cert": pem_files["cert.pem"],
-        "client_key": pem_files["key.pem"],
-        "verify": False,
-    }
-    assert s.nomad_connection_kwargs() == connection
-    assert s.nomad_client_kwargs() == {**connection, "timeout_s": 2.5}
-    assert s.nomad_stream_kwargs() == {**connection, "connect_timeout_s": 2.5}
+    assert s.nomad_connection() == NomadConnection(
+        address="https://nomad.internal:4646",
+        token=NOMAD_TOKEN,
+        namespace="sandboxes",
+        region="eu",
+        ca_cert=pem_files["ca.pem"],
+        client_cert=pem_files["cert.pem"],
+        client_key=pem_files["key.pem"],
+        verify=False,
+    )
+    assert s.nomad_timeout_s == 2.5
+    assert s.nomad_connection("http://10.0.0.1:4646").address == "http://10.0.0.1:4646"
 
 
-def test_nomad_kwargs_defaults() -> None:
-    assert load_settings({}).nomad_client_kwargs() == {
-        "address": "http://127.0.0.1:4646",
-        "token": None,
-        "namespace": "default",
-        "region": None,
-        "ca_cert": None,
-        "client_cert": None,
-        "client_key": None,
-        "verify": True,
-        "timeout_s": 10.0,
-    }
+def test_nomad_connection_defaults() -> None:
+    assert load_settings({}).nomad_connection() == NomadConnection()
+    assert NomadConnection().address == "http://127.0.0.1:4646"
+    assert NomadConnection().ssl_context is None  # plain HTTP
 
 
-def test_nomad_kwargs_fit_the_constructors(pem_files: dict[str, str]) -> None:
-    # Constructing opens no connection; it fails on an unexpected keyword.
-    s = load_settings(full_environ(pem_files))
-    client = NomadClient(**s.nomad_client_kwargs())
+def test_one_connection_for_the_three_clients(pem_files: dict[str, str]) -> None:
+    # Constructing opens no connection.
+    connection = load_settings(full_environ(pem_files)).nomad_connection()
+    client = NomadClient(connection)
     assert (client.address, client.namespace) == ("https://nomad.internal:4646", "sandboxes")
 
     def on_events(index: int, events: tuple[EventRef, ...]) -> None:
         pass
 
-    stream = EventStream(topics=["Job"], on_events=on_events, **s.nomad_stream_kwargs())
+    stream = EventStream(connection, topics=["Job"], on_events=on_events)
     assert stream.address == "https://nomad.internal:4646"
-    EventStream(topics=["Job"], on_events=on_events, **s.nomad_connection_kwargs())
+    execs = ExecClient(connection)
+    assert execs.url("a", "t", ["true"], False).startswith("wss://nomad.internal:4646/")
+    assert execs.connection.ssl_context is connection.ssl_context  # built once
 
 
 # --- describe and render_table -----------------------------------------------

@@ -1,4 +1,17 @@
-"""The HTTP API (Poseidon-compatible) over the controller; see `app.create_app`."""
+"""The HTTP API (Poseidon-compatible) over the controller; see `app.create_app`.
+
+- `app`: `create_app`, the routes, error handlers and middleware;
+- `auth`: the token, compared in constant time;
+- `body`: request bodies (size and depth limits, JSON validated by us);
+- `models`: the JSON bodies with Poseidon's field names;
+- `errors`: every error answer in one shape;
+- `runners`, `environments`, `executions`, `files`, `health`: the routes;
+- `openapi`: `/openapi.json` as the API answers;
+- `drain`: the graceful drain on SIGTERM (new work refused, the rest ends);
+- `guard`: browser defences (JSON content type, trusted Host, WebSocket Origin);
+- `uploads`: concurrent uploads and a stalled body's timeout;
+- `head_deadline`: the request-head deadline (slowloris).
+"""
 
 from controller.api.app import create_app
 

@@ -6,9 +6,10 @@ the root, `/healthz`, `/readyz` and `/metrics`. It never talks to Nomad
 itself: every route calls the controller, which owns all state.
 
 Layers, outermost first: `CatchAll` (500 UNKNOWN for anything unhandled),
-`TrustedHost` (400, `guard`), `BodyLimit` (413), FastAPI's exception
-handlers (`controller.api.errors`), token authentication on the protected
-routers, then the routes.
+`TrustedHost` (400, `guard`), `DrainGate` (503 SHUTTING_DOWN for new work
+while the replica drains), `BodyLimit` (413), FastAPI's exception handlers
+(`controller.api.errors`), token authentication on the protected routers,
+then the routes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from controller.api.body import (
     RouteLimit,
     too_large_message,
 )
+from controller.api.drain import Drain, DrainGate
 from controller.api.executions import WebSocketUrls
 from controller.api.guard import TrustedHost
 from controller.api.uploads import BodyIdle, UploadGate, UploadSettings
@@ -80,6 +82,7 @@ def create_app(
     websocket_urls: WebSocketUrls | None = None,
     file_service: Files | None = None,
     max_upload_bytes: int = FileSettings().max_upload_bytes,
+    drain: Drain | None = None,
     allowed_hosts: frozenset[str] | None = None,
     allowed_origins: tuple[str, ...] = (),
     upload_settings: UploadSettings | None = None,
@@ -125,7 +128,7 @@ def create_app(
     app.include_router(environments.router(pools, protected, max_pool_size), prefix=API_PREFIX)
     app.include_router(environments.statistics_router(pools, protected), prefix=API_PREFIX)
     app.include_router(health.api_router(pools, pool_alert_threshold, version), prefix=API_PREFIX)
-    app.include_router(health.root_router(pools))
+    app.include_router(health.root_router(pools, drain))
     errors.install(app, pools)
 
     async def body_too_large(_: Request, exc: Exception) -> JSONResponse:
@@ -146,6 +149,8 @@ def create_app(
     )
     uploads = RouteLimit("PATCH", upload_path, max_upload_bytes)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, routes=[uploads])
+    if drain is not None:
+        app.add_middleware(DrainGate, drain=drain, prefix=API_PREFIX)
     app.add_middleware(TrustedHost, allowed=allowed_hosts)
     app.add_middleware(errors.CatchAll)
 

@@ -99,7 +99,7 @@ def router(controller: Pools, dependencies: list[Any], max_pool_size: int) -> AP
     )
     def list_all(fetch: Fetch = False) -> EnvironmentList:
         if fetch:
-            controller.sync()
+            controller.refresh()
         return EnvironmentList(
             executionEnvironments=[to_body(e) for e in controller.environments()]
         )
@@ -112,7 +112,7 @@ def router(controller: Pools, dependencies: list[Any], max_pool_size: int) -> AP
     )
     def show(executionEnvironmentId: EnvironmentId, fetch: Fetch = False) -> ExecutionEnvironment:
         if fetch:
-            controller.sync()
+            controller.refresh()
         return to_body(found(executionEnvironmentId))
 
     @api.get(

@@ -1,6 +1,7 @@
 """Every error the API answers, in one shape: `{message, errorCode?}`.
 
-- `ApiError` is raised by routes for the answers they decide on (400, 404, 410...).
+- `ApiError` is raised by routes for the answers they decide on (400, 404, 410...);
+  a draining replica's 503 SHUTTING_DOWN comes from `drain.DrainGate`.
 - Controller and Nomad exceptions map to Poseidon's codes: `NotLeader` → 503
   NOT_LEADER, `NomadUnavailable` → 500 NOMAD_UNREACHABLE, `NomadAPIError` →
   500 NOMAD_INTERNAL_SERVER_ERROR. Messages never carry Nomad's own text;
@@ -192,7 +193,8 @@ DESCRIPTIONS = {
     500: "The request could not be handled: NOMAD_OVERLOAD (no idle runner ready), "
     "NOMAD_UNREACHABLE, NOMAD_INTERNAL_SERVER_ERROR, or UNKNOWN.",
     503: "NOT_LEADER: this replica does not serve (leader election is on and it does not "
-    "lead, or has not observed Nomad since it took the lead).",
+    "lead, or has not observed Nomad since it took the lead); SHUTTING_DOWN: this replica "
+    "drains before it stops (Retry-After: retry, another replica serves).",
 }
 
 

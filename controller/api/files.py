@@ -55,9 +55,11 @@ from controller.files.service import (
 )
 from controller.files.upload import BadUpload, parse
 from controller.model import RunnerView
-from controller.nomad.exec import ExecBroken, ExecForbidden
+from controller.nomad.exec import ExecBroken, ExecForbidden, ExecOverloaded
 from controller.reconcile.facade import Pools
 
+# Seconds a client waits before retrying a file operation Nomad was too busy for.
+RETRY_AFTER_S = 2
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 # After a failure, the runner is read again after these waits (0.85 s in all)
@@ -285,6 +287,16 @@ def router(
         if gone is not None:
             return gone
         error = failure.error
+        if isinstance(error, ExecOverloaded):
+            # The controller's connection budget is spent, or Nomad's agent
+            # kept answering 429 through every retry: nothing ran; later may work.
+            retry_after = getattr(error, "retry_after_s", RETRY_AFTER_S)
+            return ApiError(
+                503,
+                f"Nomad is overloaded, the file operation was not started: {error.reason}",
+                ErrorCode.NOMAD_OVERLOAD,
+                headers={"Retry-After": str(retry_after)},
+            )
         if isinstance(error, ExecBroken):
             return ApiError(
                 500,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from controller.api.drain import SHUTTING_DOWN_MESSAGE, Drain
 from controller.api.errors import ApiError, not_leader_message, responses
 from controller.api.models import ErrorCode, Status
 from controller.reconcile.facade import Pools
@@ -70,7 +71,7 @@ def api_router(controller: Pools, pool_alert_threshold: float, version: str) -> 
     return api
 
 
-def root_router(controller: Pools) -> APIRouter:
+def root_router(controller: Pools, drain: Drain | None = None) -> APIRouter:
     api = APIRouter(tags=["operations"])
 
     @api.get(
@@ -86,13 +87,16 @@ def root_router(controller: Pools) -> APIRouter:
         "/readyz",
         summary="Readiness: this replica serves claims",
         description=(
-            "503 NOMAD_UNREACHABLE when Nomad cannot be observed, NOT_LEADER when this "
-            "replica does not lead or has not observed Nomad since it took the lead."
+            "503 SHUTTING_DOWN once this replica drains (SIGTERM), NOMAD_UNREACHABLE when "
+            "Nomad cannot be observed, NOT_LEADER when this replica does not lead or has not "
+            "observed Nomad since it took the lead."
         ),
         response_model=Status,
         responses=responses(500, 503),
     )
     def readyz() -> Status:
+        if drain is not None and drain.draining:
+            raise ApiError(503, SHUTTING_DOWN_MESSAGE, ErrorCode.SHUTTING_DOWN)
         if controller.nomad_error() is not None:
             raise ApiError(503, "Nomad cannot be observed", ErrorCode.NOMAD_UNREACHABLE)
         if not controller.ready():

@@ -30,7 +30,7 @@ MAX_PORT = 65535
 
 
 class ErrorCode(StrEnum):
-    """Machine-readable error codes: Poseidon's, plus NOT_LEADER."""
+    """Machine-readable error codes: Poseidon's, plus NOT_LEADER and SHUTTING_DOWN."""
 
     NOMAD_UNREACHABLE = "NOMAD_UNREACHABLE"
     NOMAD_OVERLOAD = "NOMAD_OVERLOAD"
@@ -38,6 +38,7 @@ class ErrorCode(StrEnum):
     PREWARMING_POOL_DEPLETING = "PREWARMING_POOL_DEPLETING"
     UNKNOWN = "UNKNOWN"
     NOT_LEADER = "NOT_LEADER"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
 
 
 def _integral(value: Any) -> Any:

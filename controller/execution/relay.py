@@ -17,6 +17,8 @@ execution flows"):
      gives CodeOcean's exact "the allocation was OOM Killed");
    - the time limit (counted from the connect) runs out: `timeout`;
    - the runner is lost or released meanwhile: `error` naming it;
+   - the controller shuts down and its drain's grace ran out (`end_all`):
+     `error` saying so, the command stopped as on a timeout;
    - the client disconnects: no frame.
    After the terminal frame the client is closed with 1000.
 4. On a timeout or a disconnect the command's whole process tree is ended in
@@ -66,6 +68,7 @@ from controller.nomad.exec import (
     ExecError,
     ExecEvent,
     ExecForbidden,
+    ExecOverloaded,
     Exited,
     Output,
     StreamClosed,
@@ -74,6 +77,9 @@ from controller.nomad.exec import (
 log = logging.getLogger(__name__)
 
 CTRL_BACKSLASH = b"\x1c"
+SHUTTING_DOWN = Failed(
+    "the controller is shutting down and ended this execution; run the command again"
+)
 # Frames merged into one client frame at most (bytes of text).
 COALESCE_BYTES = 64 * 1024
 
@@ -104,7 +110,7 @@ class Runners(Protocol):
     def record_loss(self, runner_id: str) -> LossReason | Released:
         """Write a derived loss to Nomad (blocking); what Nomad then records."""
 
-    def observe(self) -> None:
+    def refresh(self) -> None:
         """Read Nomad now (blocking)."""
 
     def end_use(self, runner_id: str) -> None: ...
@@ -159,6 +165,8 @@ class Relay:
         self.settings = settings or RelaySettings()
         self._to_thread = to_thread
         self._background: set[asyncio.Task[None]] = set()
+        # Set by `end_all`: every execution running ends with SHUTTING_DOWN.
+        self._ending = asyncio.Event()
 
     async def run(self, execution: Execution, alloc_id: str, client: Client) -> None:
         """Relay one execution; the caller has called `begin_use` on its runner
@@ -174,6 +182,12 @@ class Relay:
             self._metrics.executions_active.dec()
             self._metrics.executions.labels(result).inc()
             self._metrics.execution_seconds.observe(loop.time() - started)
+
+    def end_all(self) -> None:
+        """The controller is shutting down: every execution running (and any
+        that starts from now on, unless its command has already ended) ends
+        with an `error` frame saying so, its command stopped as on a timeout."""
+        self._ending.set()
 
     def background(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -231,7 +245,8 @@ class _Run:
             stdin = asyncio.ensure_future(self._stdin())
             timer = asyncio.ensure_future(asyncio.sleep(limit if limit > 0 else float("inf")))
             watch = asyncio.ensure_future(self._watch())
-            helpers = [stdin, timer, watch]
+            ending = asyncio.ensure_future(self.relay._ending.wait())
+            helpers = [stdin, timer, watch, ending]
             done, _ = await asyncio.wait([main, *helpers], return_when=asyncio.FIRST_COMPLETED)
             if main in done:
                 outcome = await self._ended(main, err)
@@ -243,7 +258,7 @@ class _Run:
                 if stdin in done:  # the client left
                     self.client_gone = True
                     return "client_disconnected"
-                outcome = TimedOut()
+                outcome = SHUTTING_DOWN if ending in done else TimedOut()
             await self._finish(outcome)
             return _result(outcome)
         except asyncio.CancelledError:
@@ -378,6 +393,13 @@ class _Run:
         return Exit(code)
 
     async def _explain(self, exc: ExecError) -> Outcome:
+        if isinstance(exc, ExecOverloaded):
+            # Refused before anything ran: the runner is fine, Nomad (or our
+            # own connection budget) is busy.
+            log.warning("execution on runner %s not started: %s", self.runner_id, exc.reason)
+            return Failed(
+                f"Nomad is overloaded, the command was not started; try again: {exc.reason}"
+            )
         if isinstance(exc, ExecForbidden):
             log.error("Nomad refused the exec (the token needs alloc-exec): %s", exc.reason)
             return Failed(f"Nomad refused to run the command: {exc.reason}")
@@ -394,7 +416,7 @@ class _Run:
         deadline = loop.time() + wait_s
         while True:
             with contextlib.suppress(Exception):
-                await self.relay._to_thread(runners.observe)
+                await self.relay._to_thread(runners.refresh)
             if runners.loss(self.runner_id) is not None:
                 recorded = await self._try_recorded()
                 if recorded is not None:

@@ -28,7 +28,7 @@ class ControllerRunners:
             return Released()
         if view.job.claim.lost_reason is None and view.reset is None:
             # Asked because the runner looked lost a moment ago: look again.
-            self.observe()
+            self.refresh()
             view = self._controller.lookup(runner_id)
             if view is None or view.job.claim is None:
                 return Released()
@@ -37,8 +37,8 @@ class ControllerRunners:
         reason = self._controller.record_loss(view)
         return Released() if reason is None else reason
 
-    def observe(self) -> None:
-        self._controller.sync()
+    def refresh(self) -> None:
+        self._controller.refresh()
 
     def end_use(self, runner_id: str) -> None:
         self._controller.end_use(runner_id)

@@ -12,17 +12,17 @@ client's namespace. The requesters are built directly rather than through
 NOMAD_NAMESPACE, NOMAD_REGION and NOMAD_CLIENT_CERT/KEY from the environment
 and defaults to `verify=False`: every setting here is explicit.
 
-Transient failures (connection errors, timeouts, 429 and 5xx) are retried
-with capped, fully jittered exponential backoff (tenacity); other 4xx are
-final. An EnforceIndex conflict (a 500 whose text starts with "Enforcing job
-modify index") is final too: retrying cannot change the answer.
+Error answers are read by `controller.nomad.errors.classify`, direct and
+forwarded (`rpc error: …`) alike, and retried by its one policy: transient
+failures (connection errors, timeouts, 429 and 5xx) with capped, fully
+jittered exponential backoff; other 4xx, an EnforceIndex conflict and a lost
+lock are final: retrying cannot change the answer.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -34,16 +34,22 @@ import nomad.api.exceptions as nomad_exc
 import requests
 import tenacity
 
+from controller.nomad.connection import NomadConnection
 from controller.nomad.decode import decode_allocation, decode_job_stub
-from controller.nomad.gateway import (
-    AllocListing,
+from controller.nomad.errors import (
     IndexConflict,
-    JobListing,
-    JsonDict,
-    Lock,
+    Kind,
     LockHeld,
     NomadAPIError,
     NomadUnavailable,
+    classify,
+    retry_kwargs,
+)
+from controller.nomad.gateway import (
+    AllocListing,
+    JobListing,
+    JsonDict,
+    Lock,
     WriteResult,
 )
 
@@ -57,38 +63,10 @@ RequestHook: TypeAlias = Callable[[str, str, str, float], None]
 # (returning the outcome to report) instead of an error to raise or retry.
 Final: TypeAlias = Callable[[int, str], Outcome | None]
 
-ENFORCE_INDEX_CONFLICT = "Enforcing job modify index"
 # Nomad caps a blocking query's wait at 300 s (and uses 300 s when none is
 # given), then adds up to wait/16 of jitter before answering.
 MAX_BLOCKING_WAIT_S = 300.0
-FIRST_RETRY_WAIT_S = 0.1
 CONNECTIONS = 64  # kept-alive connections to Nomad
-# Errors Nomad's lock RPCs return as plain 500s when the lock (or the variable)
-# is gone: for a renew or release that means "no longer ours", not a fault.
-LOCK_GONE_TEXTS = ("variable doesn't exist", "variable doesn't hold a lock")
-
-
-def tls_options(
-    *, verify: bool, ca_cert: str | None, client_cert: str | None, client_key: str | None
-) -> tuple[bool | str, str | tuple[str, str] | None]:
-    """requests' `verify` and `cert` arguments for our TLS settings.
-
-    Raises ValueError for a named file that does not exist: requests would
-    otherwise raise a bare OSError on every request (even over plain HTTP)."""
-    for name, path in (
-        ("ca_cert", ca_cert),
-        ("client_cert", client_cert),
-        ("client_key", client_key),
-    ):
-        if path and not os.path.isfile(path):
-            raise ValueError(f"{name} {path!r} is not a file")
-    verify_opt: bool | str = ca_cert if (verify and ca_cert) else verify
-    cert: str | tuple[str, str] | None = None
-    if client_cert and client_key:
-        cert = (client_cert, client_key)
-    elif client_cert:
-        cert = client_cert  # one PEM file holding both
-    return verify_opt, cert
 
 
 def go_duration(seconds: float) -> str:
@@ -105,12 +83,6 @@ class _Reply:
     index: int  # X-Nomad-Index, 0 when absent
 
 
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, NomadUnavailable):
-        return True
-    return isinstance(exc, NomadAPIError) and (exc.status >= 500 or exc.status == 429)
-
-
 def _header_index(response: requests.Response) -> int:
     try:
         return int(response.headers.get("X-Nomad-Index", "0"))
@@ -123,22 +95,24 @@ class NomadClient:
 
     def __init__(
         self,
+        connection: NomadConnection | None = None,
         *,
-        address: str,
-        token: str | None = None,
-        namespace: str = "default",
-        region: str | None = None,
-        ca_cert: str | None = None,
-        client_cert: str | None = None,
-        client_key: str | None = None,
-        verify: bool = True,
+        address: str | None = None,
         timeout_s: float = 10.0,
         retry_attempts: int = 5,
         retry_max_wait_s: float = 2.0,
         on_request: RequestHook | None = None,
+        connections: int = CONNECTIONS,
     ) -> None:
-        self.address = address.rstrip("/")
-        self.namespace = namespace
+        """`connection` says where and how; `address` alone is short for
+        `NomadConnection(address=address)`. `connections` bounds the kept-alive
+        pool, and blocks a caller beyond it until one is free (the connection
+        budget's share of the HTTP pool)."""
+        if connection is None:
+            connection = NomadConnection(address=address or "http://127.0.0.1:4646")
+        self.connection = connection
+        self.address = connection.address
+        self.namespace = connection.namespace
         self._timeout_s = timeout_s
         self._on_request = on_request
         self._session = requests.Session()
@@ -149,33 +123,32 @@ class NomadClient:
         # One kept-alive connection per concurrent caller (API threads, writers,
         # fetchers): requests' default pool of 10 would close and reopen
         # connections under load.
+        # pool_block: a caller beyond the pool waits for a connection instead
+        # of opening one more that is closed after use, so the controller never
+        # holds more than `connections` HTTP connections to the agent.
         for scheme in ("http://", "https://"):
-            self._session.mount(scheme, requests.adapters.HTTPAdapter(pool_maxsize=CONNECTIONS))
-        verify_opt, cert = tls_options(
-            verify=verify, ca_cert=ca_cert, client_cert=client_cert, client_key=client_key
-        )
+            self._session.mount(
+                scheme,
+                requests.adapters.HTTPAdapter(pool_maxsize=max(1, connections), pool_block=True),
+            )
         settings: dict[str, Any] = {
             "address": self.address,
-            "namespace": namespace,
-            "token": token or None,
+            "namespace": connection.namespace,
+            "token": connection.token or None,
             "timeout": timeout_s,
-            "verify": verify_opt,
-            "cert": cert or (),
-            "region": region or None,
+            "verify": connection.requests_verify,
+            "cert": connection.requests_cert or (),
+            "region": connection.region or None,
             "session": self._session,
         }
         self._jobs = nomad.api.Jobs(**settings)
         self._job = nomad.api.Job(**settings)
         self._allocations = nomad.api.Allocations(**settings)
         self._variable = nomad.api.Variable(**settings)
+        self._allocation = nomad.api.Allocation(**settings)
+        self._node = nomad.api.Node(**settings)
         self._retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(max(1, retry_attempts)),
-            wait=tenacity.wait_random_exponential(
-                multiplier=min(FIRST_RETRY_WAIT_S, retry_max_wait_s), max=retry_max_wait_s
-            ),
-            retry=tenacity.retry_if_exception(_is_transient),
-            before_sleep=self._log_retry,
-            reraise=True,
+            **retry_kwargs(retry_attempts, retry_max_wait_s, before_sleep=self._log_retry)
         )
 
     def close(self) -> None:
@@ -196,6 +169,28 @@ class NomadClient:
         if reply.status == 404 or not isinstance(reply.body, dict):
             return None
         return reply.body
+
+    def allocation_node(self, alloc_id: str) -> str | None:
+        """The id of the node an allocation was placed on; None when Nomad
+        does not know the allocation."""
+        reply = self._call(
+            "get_allocation",
+            lambda: self._allocation.request(_segment(alloc_id), method="get"),
+            final=lambda status, _: "ok" if status == 404 else None,
+        )
+        node = reply.body.get("NodeID") if isinstance(reply.body, dict) else None
+        return node if isinstance(node, str) and node else None
+
+    def node_http_address(self, node_id: str) -> str | None:
+        """A node's `HTTPAddr` (host:port of its client agent); None when
+        Nomad does not know the node or publishes no address for it."""
+        reply = self._call(
+            "get_node",
+            lambda: self._node.request(_segment(node_id), method="get"),
+            final=lambda status, _: "ok" if status == 404 else None,
+        )
+        address = reply.body.get("HTTPAddr") if isinstance(reply.body, dict) else None
+        return address if isinstance(address, str) and address else None
 
     def list_allocations(self, index: int = 0, wait_s: float = 0) -> AllocListing:
         params: dict[str, Any] = {
@@ -320,7 +315,7 @@ class NomadClient:
             "lock-acquire",
             path,
             body,
-            lambda s, _: "conflict" if s == 409 else None,
+            lambda s, t: "conflict" if classify(s, t) is Kind.LOCK_GONE else None,
         )
         if reply.status == 409:
             raise LockHeld(f"lock {path!r} is held by somebody else")
@@ -341,6 +336,20 @@ class NomadClient:
         reply = self._lock_call("lock_release", "lock-release", lock.path, body, _lock_gone)
         if reply.status >= 300:
             log.info("lock %r was no longer ours at release: %s", lock.path, reply.text.strip())
+
+    def lock_held(self, path: str) -> bool:
+        reply = self._call(
+            "lock_held",
+            lambda: self._variable.request(
+                quote(path, safe="/"), method="get", params={"namespace": self.namespace}
+            ),
+            final=lambda s, _: "ok" if s == 404 else None,
+        )
+        if reply.status == 404:
+            return False
+        # Nomad writes `Lock` only while one is held (omitempty), a dead one
+        # waiting out its LockDelay included.
+        return isinstance(reply.body, dict) and bool(reply.body.get("Lock"))
 
     # -- variables -----------------------------------------------------------------
 
@@ -443,7 +452,7 @@ class NomadClient:
             if handled is not None:
                 outcome = handled
                 return _Reply(code, None, text, _header_index(cause))
-            if code == 500 and text.startswith(ENFORCE_INDEX_CONFLICT):
+            if classify(code, text) is Kind.INDEX_CONFLICT:
                 outcome = "conflict"
                 raise IndexConflict(text) from None
             raise NomadAPIError(code, text) from None
@@ -494,7 +503,9 @@ def _segment(value: str) -> str:
 
 
 def _lock_gone(status: int, text: str) -> Outcome | None:
-    if status in (404, 409) or (status == 500 and any(t in text for t in LOCK_GONE_TEXTS)):
+    """For a renew or release, a missing lock or variable means "no longer
+    ours", not a fault."""
+    if classify(status, text) in (Kind.LOCK_GONE, Kind.NOT_FOUND):
         return "conflict"
     return None
 

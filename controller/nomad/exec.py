@@ -35,19 +35,63 @@ import binascii
 import codecs
 import contextlib
 import json
-import ssl
-from collections.abc import AsyncIterator, Sequence
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlencode, urlsplit
 
+import tenacity
 import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from controller.nomad.budget import AgentSlots
+from controller.nomad.connection import NomadConnection
+from controller.nomad.errors import (
+    ConnectionsExhausted,
+    ExecBroken,
+    ExecError,
+    ExecForbidden,
+    ExecOverloaded,
+    ExecRejected,
+    ExecUnreachable,
+    TaskNotRunning,
+    UnknownAllocation,
+    exec_error,
+    exec_refusal,
+    retry_kwargs,
+)
+from controller.nomad.nodes import NodeDirectory
+
+__all__ = [
+    "ExecBroken",
+    "ExecError",
+    "ExecForbidden",
+    "ExecOverloaded",
+    "ExecRejected",
+    "ExecUnreachable",
+    "TaskNotRunning",
+    "UnknownAllocation",
+]
+
+log = logging.getLogger(__name__)
+
 Stream = Literal["stdout", "stderr"]
 STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
 HEARTBEAT_S = 10.0
+# How long a connection to a node's own agent may take before the exec goes
+# through the configured address instead (Nomad's Go API client: 1 s too).
+NODE_CONNECT_TIMEOUT_S = 1.0
+# After a node's agent could not be connected to, its execs go straight to the
+# configured address for this long before the node is tried again.
+UNREACHABLE_NODE_S = 60.0
+# (operation, outcome, HTTP status or "none", seconds) after every handshake:
+# operation `exec_node` (on the node's agent), `exec` (the configured
+# address) or `exec_fallback` (the node's agent could not be reached).
+RequestHook = Callable[[str, str, str, float], None]
 # Nomad's output frames carry at most 1,024 bytes (4/3 of that in base64);
 # anything far larger is not Nomad talking.
 MAX_FRAME_BYTES = 1 << 20
@@ -81,36 +125,6 @@ class Exited:
 ExecEvent = Output | StreamClosed | Exited
 
 
-class ExecError(Exception):
-    """The exec did not run to its exit frame. `code` is the WebSocket close
-    code (0 when there was none) and `reason` Nomad's text."""
-
-    def __init__(self, reason: str, code: int = 0) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.code = code
-
-
-class UnknownAllocation(ExecError):
-    """Nomad does not know the allocation (it was garbage-collected)."""
-
-
-class TaskNotRunning(ExecError):
-    """The task has not started yet, or is no longer running."""
-
-
-class ExecForbidden(ExecError):
-    """The token lacks the `alloc-exec` capability (or remote exec is off)."""
-
-
-class ExecRejected(ExecError):
-    """Any other refusal: an HTTP error before the upgrade or a close frame."""
-
-
-class ExecBroken(ExecError):
-    """The connection ended before the exit frame: the outcome is unknown."""
-
-
 # -- pure protocol pieces (table-tested) -----------------------------------------------
 
 
@@ -124,17 +138,7 @@ def exec_query(task: str, command: Sequence[str], tty: bool, namespace: str | No
 
 def classify_close(code: int, reason: str) -> ExecError:
     """Nomad's close frame (or its absence, code 1006) as a typed error."""
-    text = reason or f"closed with code {code}"
-    lowered = reason.lower()
-    if code in (1000, 1005, 1006) and not reason:
-        return ExecBroken("the connection to Nomad ended before the command's exit code", code)
-    if "unknown allocation" in lowered:
-        return UnknownAllocation(text, code)
-    if "not started yet" in lowered or "not running" in lowered or "not possible" in lowered:
-        return TaskNotRunning(text, code)
-    if "permission denied" in lowered:
-        return ExecForbidden(text, code)
-    return ExecRejected(text, code)
+    return exec_error(code, reason)
 
 
 # How Nomad's encoder writes an output data frame, around the base64.
@@ -295,52 +299,167 @@ class ExecSession:
 
 
 class ExecClient:
-    """Opens exec sessions against one Nomad address (the servers forward to
-    the allocation's node), with the gateway's token, namespace and TLS."""
+    """Opens exec sessions with the connection's token, namespace and TLS: on
+    the allocation's own node first, when a `NodeDirectory` names it, and on
+    the configured address otherwise (its agent forwards to the node)."""
 
     def __init__(
         self,
+        connection: NomadConnection | None = None,
         *,
-        address: str,
-        token: str | None = None,
-        namespace: str | None = None,
-        region: str | None = None,
-        ca_cert: str | None = None,
-        client_cert: str | None = None,
-        client_key: str | None = None,
-        verify: bool = True,
+        address: str | None = None,
+        nodes: NodeDirectory | None = None,
         connect_timeout_s: float = 10.0,
+        node_connect_timeout_s: float = NODE_CONNECT_TIMEOUT_S,
         heartbeat_s: float = HEARTBEAT_S,
+        retry_attempts: int = 5,
+        retry_max_wait_s: float = 2.0,
+        on_request: RequestHook | None = None,
+        budget: AgentSlots | None = None,
     ) -> None:
-        parts = urlsplit(address.rstrip("/"))
-        scheme = "wss" if parts.scheme == "https" else "ws"
-        self._base = f"{scheme}://{parts.netloc}{parts.path}"
-        self._headers = {"X-Nomad-Token": token} if token else {}
-        self._namespace = namespace
-        self._region = region
+        """`budget` bounds the handshakes in flight per agent address (see
+        controller.nomad.budget); None: unbounded."""
+        if connection is None:
+            connection = NomadConnection(address=address or "http://127.0.0.1:4646")
+        self.connection = connection
+        self._nodes = nodes
         self._connect_timeout_s = connect_timeout_s
+        self._node_connect_timeout_s = node_connect_timeout_s
         self._heartbeat_s = heartbeat_s
-        self._ssl = (
-            tls_context(ca_cert, client_cert, client_key, verify) if scheme == "wss" else None
-        )
+        self._retry_attempts = retry_attempts
+        self._retry_max_wait_s = retry_max_wait_s
+        self._on_request = on_request
+        self._fell_back: set[str] = set()  # node addresses already logged
+        # Node address → until when execs skip it (monotonic): a firewalled
+        # node would otherwise cost every exec the connect timeout.
+        self._unreachable: dict[str, float] = {}
+        self._budget = budget
 
-    def url(self, alloc_id: str, task: str, command: Sequence[str], tty: bool) -> str:
-        query = exec_query(task, command, tty, self._namespace)
-        if self._region:
-            query += "&" + urlencode({"region": self._region})
-        return f"{self._base}/v1/client/allocation/{alloc_id}/exec?{query}"
+    def url(
+        self,
+        alloc_id: str,
+        task: str,
+        command: Sequence[str],
+        tty: bool,
+        connection: NomadConnection | None = None,
+    ) -> str:
+        connection = connection or self.connection
+        query = exec_query(task, command, tty, connection.namespace)
+        if connection.region:
+            query += "&" + urlencode({"region": connection.region})
+        base = websocket_base(connection.address)
+        return f"{base}/v1/client/allocation/{alloc_id}/exec?{query}"
 
     async def open(
         self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
     ) -> ExecSession:
-        """Start `command` in the allocation's task. Raises ExecError subtypes
-        (ExecRejected for an HTTP refusal, ExecBroken when Nomad is unreachable)."""
-        url = self.url(alloc_id, task, command, tty)
+        """Start `command` in the allocation's task. Raises ExecError subtypes:
+        ExecOverloaded when Nomad kept answering 429, ExecUnreachable when no
+        connection could be made, both after the retry policy of every call
+        to Nomad; ExecRejected (and its kin) for any other refusal."""
+        node = await self._nodes.address_of(alloc_id) if self._nodes is not None else None
+        if node is not None and self._unreachable.get(node, 0.0) <= time.monotonic():
+            direct = self.connection.at(node)
+            if direct.address != self.connection.address:
+                try:
+                    ws = await self._handshake(
+                        "exec_node", alloc_id, task, command, tty, direct, node=True
+                    )
+                    return ExecSession(ws, self._heartbeat_s)
+                except _NoConnection as exc:
+                    self._fall_back(node, exc)
+        ws = await self._handshake("exec", alloc_id, task, command, tty, self.connection)
+        return ExecSession(ws, self._heartbeat_s)
+
+    def _fall_back(self, node: str, exc: _NoConnection) -> None:
+        self._report("exec_fallback", "unavailable", "none", 0.0)
+        self._unreachable[node] = time.monotonic() + UNREACHABLE_NODE_S
+        if self._nodes is not None:
+            self._nodes.forget(node)
+        if node not in self._fell_back:
+            self._fell_back.add(node)
+            log.warning(
+                "cannot connect to the Nomad agent of node %s (%s): execs on that node go "
+                "through %s instead (logged once per node)",
+                node,
+                exc.cause,
+                self.connection.address,
+            )
+
+    async def _handshake(
+        self,
+        operation: str,
+        alloc_id: str,
+        task: str,
+        command: Sequence[str],
+        tty: bool,
+        connection: NomadConnection,
+        *,
+        node: bool = False,
+    ) -> ClientConnection:
+        url = self.url(alloc_id, task, command, tty, connection)
+        retrying = tenacity.AsyncRetrying(
+            **retry_kwargs(self._retry_attempts, self._retry_max_wait_s, before_sleep=_log_retry)
+        )
+        ws: ClientConnection = await retrying(self._connect, operation, url, connection, node)
+        return ws
+
+    async def _connect(
+        self, operation: str, url: str, connection: NomadConnection, node: bool
+    ) -> ClientConnection:
+        """One handshake; what a refusal means is `errors.exec_refusal`'s call.
+        On a node's agent, failing to connect at all raises _NoConnection
+        (fall back), not ExecUnreachable (retry)."""
+        started = time.monotonic()
+        outcome, status = "error", "none"
+        parts = urlsplit(connection.address)
+        host, port = parts.hostname or "127.0.0.1", parts.port or (443 if connection.tls else 80)
+        timeout = self._node_connect_timeout_s if node else self._connect_timeout_s
+        slot = (
+            self._budget.slot(connection.address)
+            if self._budget is not None
+            else contextlib.nullcontext()
+        )
         try:
-            ws = await websockets.connect(
+            async with slot:
+                ws = await self._upgrade(url, connection, host, port, timeout, node)
+            outcome, status = "ok", "101"
+            return ws
+        except ConnectionsExhausted:
+            # Never sent: counted as `budget` (no HTTP status).
+            outcome, status = "unavailable", "budget"
+            raise
+        except (_NoConnection, ExecUnreachable):
+            outcome = "unavailable"
+            raise
+        except ExecError as exc:
+            outcome = "unavailable" if isinstance(exc, ExecOverloaded) else "error"
+            status = str(exc.code) if exc.code else "none"
+            raise
+        finally:
+            self._report(operation, outcome, status, time.monotonic() - started)
+
+    async def _upgrade(
+        self,
+        url: str,
+        connection: NomadConnection,
+        host: str,
+        port: int,
+        timeout: float,
+        node: bool,
+    ) -> ClientConnection:
+        try:
+            sock = await _dial(host, port, timeout)
+        except (OSError, TimeoutError) as exc:
+            if node:
+                raise _NoConnection(exc) from None
+            raise ExecUnreachable(f"could not reach Nomad for exec: {exc!r}") from None
+        try:
+            return await websockets.connect(
                 url,
-                additional_headers=self._headers,
-                ssl=self._ssl,
+                sock=sock,
+                additional_headers=connection.headers,
+                ssl=connection.ssl_context,
                 open_timeout=self._connect_timeout_s,
                 # Nomad answers pings, but our own {} heartbeats are what it counts.
                 ping_interval=None,
@@ -351,12 +470,22 @@ class ExecClient:
                 max_queue=16,
             )
         except InvalidStatus as exc:
-            body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
-            status = exc.response.status_code
-            raise ExecRejected(body or f"Nomad answered {status}", status) from None
-        except (OSError, InvalidHandshake, TimeoutError) as exc:
-            raise ExecBroken(f"could not reach Nomad for exec: {exc}") from None
-        return ExecSession(ws, self._heartbeat_s)
+            body = exc.response.body or b""
+            raise exec_refusal(exc.response.status_code, body.decode("utf-8", "replace")) from None
+        except (OSError, InvalidHandshake, TimeoutError, EOFError, AssertionError) as exc:
+            # AssertionError: websockets' client asserts on an answer it
+            # could not read whole (a 429 whose connection Nomad closes at
+            # once). All of these: refused or cut before the upgrade.
+            sock.close()
+            raise ExecUnreachable(f"could not reach Nomad for exec: {exc!r}") from None
+
+    def _report(self, operation: str, outcome: str, status: str, seconds: float) -> None:
+        if self._on_request is None:
+            return
+        try:
+            self._on_request(operation, outcome, status, seconds)
+        except Exception:
+            log.exception("on_request hook failed for %s", operation)
 
     @contextlib.asynccontextmanager
     async def session(
@@ -369,14 +498,40 @@ class ExecClient:
             await session.close()
 
 
-def tls_context(
-    ca_cert: str | None, client_cert: str | None, client_key: str | None, verify: bool
-) -> ssl.SSLContext:
-    """The TLS settings of the NOMAD_* variables as an SSLContext."""
-    context = ssl.create_default_context(cafile=ca_cert)
-    if client_cert and client_key:
-        context.load_cert_chain(client_cert, client_key)
-    if not verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
+class _NoConnection(Exception):
+    """No TCP connection to a node's agent: fall back to the configured address."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+async def _dial(host: str, port: int, timeout_s: float) -> socket.socket:
+    """A connected non-blocking socket to host:port within `timeout_s` (each
+    address tried in turn), so that "cannot connect" is told apart from a
+    slow handshake."""
+    loop = asyncio.get_running_loop()
+    infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout_s)
+    last: BaseException = OSError(f"no address for {host}:{port}")
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, address), timeout_s)
+            return sock
+        except (OSError, TimeoutError) as exc:
+            sock.close()
+            last = exc
+    raise last
+
+
+def websocket_base(address: str) -> str:
+    """`ws://host:port` (`wss://` for https) of an HTTP address."""
+    parts = urlsplit(address.rstrip("/"))
+    scheme = "wss" if parts.scheme == "https" else "ws"
+    return f"{scheme}://{parts.netloc}{parts.path}"
+
+
+def _log_retry(state: tenacity.RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    log.info("retrying an exec handshake after attempt %d: %s", state.attempt_number, exc)

@@ -11,30 +11,23 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from controller.model import Allocation
+from controller.nomad.errors import (
+    IndexConflict,
+    LockHeld,
+    NomadAPIError,
+    NomadError,
+    NomadUnavailable,
+)
+
+__all__ = [
+    "IndexConflict",
+    "LockHeld",
+    "NomadAPIError",
+    "NomadError",
+    "NomadUnavailable",
+]
 
 JsonDict = dict[str, Any]
-
-
-class NomadAPIError(Exception):
-    """Nomad answered with an error status (after retries, for transient ones)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"Nomad answered {status}: {message}")
-        self.status = status
-        self.message = message
-
-
-class NomadUnavailable(Exception):
-    """Nomad could not be reached (connection error or timeout, after retries)."""
-
-
-class IndexConflict(Exception):
-    """A write with EnforceIndex lost: somebody else changed (or created, or
-    deleted) the job since the index we sent. Never retried."""
-
-
-class LockHeld(Exception):
-    """A variable lock is held by somebody else (or our lock is no longer ours)."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +106,11 @@ class NomadGateway(Protocol):
 
     def lock_release(self, lock: Lock) -> None:
         """Give the lock up; a lock that is no longer ours is not an error."""
+        ...
+
+    def lock_held(self, path: str) -> bool:
+        """Whether somebody holds the lock at `path` (or it waits out its
+        LockDelay): a read, so a follower can watch for a release cheaply."""
         ...
 
     def get_variable(self, path: str) -> dict[str, str] | None:

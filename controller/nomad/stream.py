@@ -15,7 +15,8 @@ line, a failed reconnect or an error status, and reads without a timeout, so
 a silently dead connection hangs it forever. Here every failure (error
 status, connection error, no data for `read_timeout_s`, malformed JSON, the
 server ending the stream) is logged at WARNING and followed by a reconnect
-after a capped, fully jittered exponential backoff.
+after a capped, fully jittered exponential backoff (`errors.reconnect_delay`,
+the policy every retried call to Nomad uses).
 
 Events are only hints for the controller ("look at this again"), so a frame
 whose callback fails is logged and not delivered again.
@@ -26,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import random
 import socket
 import threading
 import time
@@ -36,7 +36,8 @@ from typing import Any
 import requests
 import urllib3.exceptions
 
-from controller.nomad.client import tls_options
+from controller.nomad.connection import NomadConnection
+from controller.nomad.errors import reconnect_delay
 from controller.nomad.events import EventRef, decode_events
 
 log = logging.getLogger(__name__)
@@ -50,35 +51,29 @@ class EventStream:
 
     def __init__(
         self,
+        connection: NomadConnection | None = None,
         *,
-        address: str,
         topics: Sequence[str],
         on_events: EventsCallback,
         on_state: StateCallback | None = None,
-        token: str | None = None,
-        namespace: str = "default",
-        region: str | None = None,
-        ca_cert: str | None = None,
-        client_cert: str | None = None,
-        client_key: str | None = None,
-        verify: bool = True,
+        address: str | None = None,
         connect_timeout_s: float = 10.0,
         read_timeout_s: float = 45.0,
         backoff_base_s: float = 0.5,
         backoff_cap_s: float = 30.0,
         start_index: int = 0,
     ) -> None:
-        self.address = address.rstrip("/")
+        if connection is None:
+            connection = NomadConnection(address=address or "http://127.0.0.1:4646")
+        self.address = connection.address
         # `Job` and `Job:*` mean the same to Nomad; send the explicit form.
         self.topics = tuple(t if ":" in t else f"{t}:*" for t in topics)
-        self.namespace = namespace
+        self.namespace = connection.namespace
         self._on_events = on_events
         self._on_state = on_state
-        self._headers = {"X-Nomad-Token": token} if token else {}
-        self._region = region
-        self._verify, self._cert = tls_options(
-            verify=verify, ca_cert=ca_cert, client_cert=client_cert, client_key=client_key
-        )
+        self._headers = connection.headers
+        self._region = connection.region
+        self._verify, self._cert = connection.requests_verify, connection.requests_cert
         self._timeout = (connect_timeout_s, read_timeout_s)
         self._backoff_base_s = backoff_base_s
         self._backoff_cap_s = backoff_cap_s
@@ -148,9 +143,7 @@ class EventStream:
                 break
             # A connection that carried data was healthy: start the backoff over.
             failures = 1 if self._lines_on_connection else failures + 1
-            delay = random.uniform(
-                0, min(self._backoff_cap_s, self._backoff_base_s * 2 ** (failures - 1))
-            )
+            delay = reconnect_delay(failures, self._backoff_base_s, self._backoff_cap_s)
             log.warning(
                 "nomad event stream: %s; reconnecting in %.2fs at index %d",
                 reason,

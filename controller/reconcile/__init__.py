@@ -1,1 +1,11 @@
-"""observe, derive, plan, act: the reconcile loop and its work queue."""
+"""observe, derive, plan, act: the reconcile loop and its work queue.
+
+- `snapshot`, `specs`, `heard`, `reads`, `observe`: what the controller knows
+  of Nomad, and how it reads it;
+- `derive`, `plan` (pure), `expectations`, `act`, `writes`: from views to writes;
+- `claims`: claim, release, touch;
+- `queue`, `worker`, `reconciler`, `ratelimit`: the loop's machinery;
+- `prewarming`: adaptive pool sizes wired in;
+- `leader`: leader election; `facade`: `Pools`, all the API uses;
+  `loop`: the `Controller`, wiring and triggers.
+"""

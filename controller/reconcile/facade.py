@@ -79,8 +79,10 @@ class Pools:
             return "Nomad has not been observed yet"
         return None
 
-    def sync(self) -> None:
-        """Re-list Nomad now (e.g. `?fetch=true`); raises when Nomad cannot be read."""
+    def refresh(self) -> None:
+        """Read Nomad now, as the loop does (`Observer.refresh`: targeted at
+        what events named, a full list when the snapshot is stale), e.g. for
+        `?fetch=true`; raises when Nomad cannot be read."""
         self._observer.refresh()
 
     def reread(self, runner_ids: Collection[str]) -> None:

@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 
 RENEW_FRACTION = 0.7  # of the TTL between renewals while leading
 ACQUIRE_FRACTION = 1.1  # of the TTL between acquire attempts while following
+# While following, the lock is read this often: a leader that steps down
+# (a drain) releases it, and a follower takes it within about this long. A
+# read is cheap for Nomad; an acquire attempt is a Raft write.
+WATCH_S = 0.5
 RETRY_FRACTION = 0.1  # of the TTL between renewals after one failed
 # Nomad refuses lock TTLs under 10 s. A shorter lease (tests, fast failover
 # after a clean stop) is still safe: we stop claiming leadership after our own
@@ -44,6 +48,8 @@ class LockGateway(Protocol):
     def lock_renew(self, lock: Lock) -> None: ...
 
     def lock_release(self, lock: Lock) -> None: ...
+
+    def lock_held(self, path: str) -> bool: ...
 
 
 class LeaderElector:
@@ -70,6 +76,9 @@ class LeaderElector:
         self._lease_start: float | None = None  # start of the last successful acquire/renew
         self._last_error: str | None = None
         self._reported = False  # the last value given to on_change
+        # The last acquire found the lock held by another replica: watch it
+        # with reads rather than try again (a write) until it is free.
+        self._held_elsewhere = False
         # Keeps on_change calls in the order the changes happened when stop()
         # and the elector thread report at once; reentrant so on_change may
         # itself call stop().
@@ -150,13 +159,22 @@ class LeaderElector:
 
     def _acquire(self) -> float:
         retry = ACQUIRE_FRACTION * self._ttl_s
+        if self._held_elsewhere:
+            # Following: read until the lock is free, then try for it.
+            try:
+                if self._gateway.lock_held(self._path):
+                    return min(WATCH_S, retry)
+            except (NomadUnavailable, NomadAPIError) as e:
+                log.warning("could not read leader lock %s: %s", self._path, e)
+                return retry
         start = self._clock.monotonic()
         try:
             server_ttl = max(self._ttl_s, NOMAD_MIN_TTL_S)
             lock = self._gateway.lock_acquire(self._path, server_ttl, server_ttl)
         except LockHeld:
             log.debug("leader lock %s is held by another replica", self._path)
-            return retry
+            self._held_elsewhere = True
+            return min(WATCH_S, retry)
         except (NomadUnavailable, NomadAPIError) as e:
             log.warning("could not try to acquire leader lock %s: %s", self._path, e)
             return retry

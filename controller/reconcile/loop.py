@@ -213,6 +213,17 @@ class Controller:
         if self.elector is not None:
             self.elector.stop()
 
+    def step_down(self) -> None:
+        """The start of a drain: the prewarm history saved and the leader lock
+        released, so that a follower takes pool upkeep over at once; this
+        replica does not run for leader again. Without election (one
+        replica) the pools are kept up until the stop. Blocking."""
+        if self.elector is None:
+            return
+        if self.prewarmer is not None and self.is_leader():
+            self.prewarmer.save_all()  # before the lock is handed over
+        self.elector.stop()
+
     def is_leader(self) -> bool:
         return self.elector is None or self.elector.is_leader()
 

@@ -68,6 +68,10 @@ job "nomad-runner-controller" {
       name     = "nomad-runner-controller"
       provider = "nomad"
       port     = "http"
+      # On a stop, Nomad deregisters the service first and waits this long
+      # before the SIGTERM: clients that discover the controller through it
+      # stop sending here while it still serves everything.
+      shutdown_delay = "5s"
       # deploy/prometheus/prometheus.yml keeps the instances tagged "prometheus".
       tags = ["prometheus", "metrics_path=/metrics"]
 
@@ -130,6 +134,11 @@ job "nomad-runner-controller" {
         NRC_LEADER_TTL       = "15s"
 
         NRC_LOG_LEVEL = "INFO"
+
+        # SIGTERM drains (docs/operations.md): running executions get this
+        # long to end by themselves. shutdown_delay + this + 10 s (the last
+        # frames, then the API and the loop stop) must stay under kill_timeout.
+        NRC_SHUTDOWN_GRACE = "15s"
       }
 
       # The token API clients must send (Poseidon-Token or Authorization:
@@ -148,9 +157,12 @@ job "nomad-runner-controller" {
         EOT
       }
 
-      # uvicorn drains requests for up to 5 s, then the loop stops and the
-      # leader lock is released, so the other replica need not wait for the
-      # lease to run out.
+      # SIGTERM starts the drain: /readyz turns 503, new claims, executions and
+      # file operations answer 503 SHUTTING_DOWN (clients retry elsewhere),
+      # the leader lock is released at once (the other replica leads within
+      # about a second), running executions get NRC_SHUTDOWN_GRACE and are
+      # then ended with an error frame; the process exits 0. 30 s is Nomad's
+      # default client max_kill_timeout: a longer grace needs both raised.
       kill_signal  = "SIGTERM"
       kill_timeout = "30s"
 

@@ -88,6 +88,7 @@ def test_bodies_and_answers_are_described(api: Api) -> None:
         "PREWARMING_POOL_DEPLETING",
         "UNKNOWN",
         "NOT_LEADER",
+        "SHUTTING_DOWN",
     }
     health = paths["/api/v1/health"]["get"]["responses"]
     assert "content" not in health["204"] and "503" in health

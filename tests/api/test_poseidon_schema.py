@@ -315,4 +315,4 @@ def test_request_and_response_fields_are_poseidons(api: Api) -> None:
     assert set(ours["EnvironmentStatistics"]["properties"]) == set(stat)
     codes = theirs["components"]["responses"]["InternalServerError"]["content"]
     enum = set(codes["application/json"]["schema"]["properties"]["errorCode"]["enum"])
-    assert set(ours["ErrorCode"]["enum"]) - enum == {"NOT_LEADER"}
+    assert set(ours["ErrorCode"]["enum"]) - enum == {"NOT_LEADER", "SHUTTING_DOWN"}

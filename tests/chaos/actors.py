@@ -620,7 +620,10 @@ class Operator(Actor):
             self.faults.add("stopped", alloc)
             self.nomad_write(f"/v1/allocation/{alloc}/stop", None, gone_ok=True)
         elif isinstance(action, RestartController):
-            self.controller.kill()
+            if action.graceful:
+                self.controller.drain()
+            else:
+                self.controller.kill()
             pause(self.stop, action.downtime)
             self.controller.start()
         elif isinstance(action, SetFaults):

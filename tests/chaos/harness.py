@@ -15,8 +15,10 @@ to its API, and Nomad's own record of what happened.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import signal
 import sys
 import threading
 import time
@@ -31,6 +33,7 @@ from nomadsim import SimServer
 from nomadsim.core import Simulator
 from nomadsim.records import Alloc
 from nomadsim.state import ALLOCS, JOBS, Commit
+from tests.helpers import wait_until
 from tests.support.controller import controller_environ
 from tests.support.ports import stable_port
 from tests.support.processes import ChildProcess, python_module
@@ -51,6 +54,8 @@ CONTROLLER_ENV = {
     "NRC_NOMAD_WRITE_RATE": "0",
     "NRC_NOMAD_TIMEOUT": "5s",
     "NRC_LOST_RUNNER_RETENTION": "1h",
+    # A drain (the controller_drain fault) lets work in flight end for this long.
+    "NRC_SHUTDOWN_GRACE": "2s",
 }
 
 
@@ -397,6 +402,8 @@ class ControllerProcess:
         self.killed: set[int] = set()  # processes ended by SIGKILL (their last line may be cut)
         # nrc_invariant_violations_total of processes we killed, read just before.
         self.invariant_violations: list[dict[str, float]] = []
+        # Exit codes of the processes stopped with SIGTERM (each must drain and exit 0).
+        self.drain_exits: list[int] = []
 
     def start(self) -> None:
         self.starts += 1
@@ -443,6 +450,26 @@ class ControllerProcess:
         if self.proc.alive():
             self.killed.add(self.starts)
         self.proc.kill()
+
+    def drain(self) -> None:
+        """SIGTERM, as a deploy stops it; returns once it exited (its drain
+        ends work in flight within NRC_SHUTDOWN_GRACE)."""
+        if self.proc is None:
+            return
+        # A deploy stops a replica that serves: one still starting (the
+        # previous fault's restart) is waited for, up to 10 s.
+        with contextlib.suppress(AssertionError):
+            wait_until(self._answers, timeout=10, interval=0.05)
+        counters = self.invariant_counters()
+        if counters is not None:
+            self.invariant_violations.append(counters)
+        self.drain_exits.append(self.proc.stop(signal.SIGTERM, timeout=30))
+
+    def _answers(self) -> bool:
+        try:
+            return requests.get(f"{self.base}/healthz", timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
 
     def close(self) -> None:
         if self.proc is not None:

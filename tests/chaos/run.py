@@ -397,3 +397,8 @@ class ChaosRun:
             if "Traceback" in text or "Error" in text:
                 self.result.violations.append(f"invariant 6: not a log line: {text}")
         self.result.counts["warnings"] = sum(1 for line in lines if line.level == "WARNING")
+        if any(code != 0 for code in self.controller.drain_exits):
+            self.result.violations.append(
+                f"invariant 6: a controller stopped with SIGTERM exited with "
+                f"{self.controller.drain_exits} (each must drain and exit 0)"
+            )

@@ -45,6 +45,7 @@ KINDS = (
     "crash_loop",
     "alloc_stop",
     "controller_kill",
+    "controller_drain",
     "stream_cut",
     "duplicate_events",
     "heartbeat_loss",
@@ -128,9 +129,11 @@ class StopAlloc:
 
 @dataclass(frozen=True)
 class RestartController:
-    """SIGKILL the controller, wait `downtime` seconds, start a new one."""
+    """SIGKILL the controller (or, `graceful`, SIGTERM it and wait for its
+    drain to end), wait `downtime` seconds, start a new one."""
 
     downtime: float
+    graceful: bool = False
 
 
 @dataclass(frozen=True)
@@ -230,6 +233,7 @@ _OPERATOR_KINDS = (
     ("crash_loop", 1),
     ("alloc_stop", 2),
     ("controller_kill", 2),
+    ("controller_drain", 1),
     ("stream_cut", 1),
     ("duplicate_events", 1),
     ("heartbeat_loss", 1),
@@ -381,6 +385,8 @@ class _Generator:
             self.add(at, StopAlloc(target, rng.randrange(1 << 16)), kind)
         elif kind == "controller_kill":
             self.add(at, RestartController(rng.choice((0.0, 0.0, 0.3))), kind)
+        elif kind == "controller_drain":
+            self.add(at, RestartController(0.0, graceful=True), kind)
         else:
             if self.fault_until.get(kind, 0.0) > at:
                 # That fault is on already: kill a task instead.

@@ -186,3 +186,21 @@ def test_the_acl_policy_grants_exactly_what_the_controller_uses() -> None:
     assert sorted(paths[lock_path]["capabilities"]) == ["read", "write"]
     assert sorted(paths[prewarm_paths]["capabilities"]) == ["read", "write"]
     assert one(policy, "node") == {"policy": "read"}
+
+
+def test_a_stop_drains_within_the_kill_timeout() -> None:
+    """shutdown_delay (the service is deregistered first), the drain's grace
+    and 10 s for the rest (the last frames: 5 s at most; uvicorn and the loop
+    stopping) fit in kill_timeout, which Nomad caps at its client's
+    max_kill_timeout (30 s by default)."""
+    service = one(GROUP, "service")
+    grace = go_seconds(rendered_env()["NRC_SHUTDOWN_GRACE"])
+    kill = go_seconds(TASK["kill_timeout"])
+    assert TASK["kill_signal"] == "SIGTERM"
+    assert kill <= 30
+    assert go_seconds(service["shutdown_delay"]) + grace + 10 <= kill
+
+
+def go_seconds(duration: str) -> float:
+    assert duration.endswith("s") and not duration.endswith("ms"), duration
+    return float(duration[:-1])

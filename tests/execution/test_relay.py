@@ -94,7 +94,7 @@ class FakeRunners:
         assert self.lost is not None
         return self.lost
 
-    def observe(self) -> None:
+    def refresh(self) -> None:
         pass
 
     def end_use(self, runner_id: str) -> None:
@@ -187,6 +187,23 @@ async def test_a_client_that_leaves_gets_no_frame_and_the_command_is_stopped() -
     await r.wait_background()
     assert client.frames == [{"type": "start"}]
     assert main.stdin == [b"\x1c"] and len(execs.opened) == 2
+
+
+async def test_a_shutdown_ends_a_running_execution_with_an_error_frame() -> None:
+    """The drain's grace ran out (`Relay.end_all`): never a silent cut, and the
+    command is stopped as on a timeout."""
+    main, runners, client = FakeSession(), FakeRunners(), FakeClient()
+    r, execs = relay(main, runners)
+    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client))
+    await main.events_queue.put(Output("stdout", b"working"))
+    await asyncio.sleep(0.05)
+    r.end_all()
+    await task
+    await r.wait_background()
+    assert client.frames[-1]["type"] == "error"
+    assert "shutting down" in client.frames[-1]["data"]
+    assert main.stdin == [b"\x1c"] and len(execs.opened) == 2, "Ctrl-\\, then the kill exec"
+    assert client.closed.is_set() and runners.uses_ended == 1
 
 
 async def test_a_loss_during_the_run_ends_it_with_the_reason() -> None:

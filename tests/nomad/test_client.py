@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 import requests
 
-from controller.nomad.client import NomadClient, go_duration, tls_options
+from controller.nomad.client import NomadClient, go_duration
+from controller.nomad.connection import NomadConnection
+from controller.nomad.errors import Kind, unwrap
 from controller.nomad.gateway import (
     IndexConflict,
     JobListing,
@@ -49,11 +51,17 @@ class Recorder:
         return [o for op, o in self.calls if op == operation]
 
 
+# make_client's keywords that say where and how (NomadConnection's fields).
+WHERE = ("token", "namespace", "region", "ca_cert", "client_cert", "client_key", "verify")
+
+
 def make_client(address: str, **kwargs: Any) -> tuple[NomadClient, Recorder]:
     recorder = Recorder()
     kwargs.setdefault("retry_max_wait_s", 0.01)
     kwargs.setdefault("timeout_s", 5.0)
-    return NomadClient(address=address, on_request=recorder, **kwargs), recorder
+    wheres = {k: kwargs.pop(k) for k in WHERE if k in kwargs}
+    connection = NomadConnection(address=address, **wheres)
+    return NomadClient(connection, on_request=recorder, **kwargs), recorder
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +198,9 @@ def test_persistent_5xx_gives_up_after_the_attempts(sim: SimServer) -> None:
     set_faults(sim, http_error_rate=1.0)
     with pytest.raises(NomadAPIError) as info:
         client.get_job("1-a")
-    assert (info.value.status, info.value.message) == (500, "No cluster leader")
+    # Through a client agent Nomad's text comes wrapped: `rpc error: No cluster leader`.
+    assert (info.value.status, unwrap(info.value.message)) == (500, "No cluster leader")
+    assert info.value.kind is Kind.SERVER
     assert recorder.outcomes("get_job") == ["error"] * 3
 
 
@@ -301,15 +311,28 @@ def test_go_durations() -> None:
     ]
 
 
-def test_tls_options(tmp_path: Path) -> None:
+def test_tls_settings_are_read_once(tmp_path: Path) -> None:
     for name in ("ca.pem", "c.pem", "k.pem", "both.pem"):
         (tmp_path / name).write_text("")
     ca, c, k, both = (str(tmp_path / n) for n in ("ca.pem", "c.pem", "k.pem", "both.pem"))
-    assert tls_options(verify=True, ca_cert=None, client_cert=None, client_key=None) == (True, None)
-    assert tls_options(verify=True, ca_cert=ca, client_cert=c, client_key=k) == (ca, (c, k))
-    assert tls_options(verify=False, ca_cert=ca, client_cert=both, client_key=None) == (False, both)
+    plain = NomadConnection(address="http://127.0.0.1:1")
+    assert (plain.requests_verify, plain.requests_cert, plain.ssl_context) == (True, None, None)
+    pair = NomadConnection(address="http://127.0.0.1:1", ca_cert=ca, client_cert=c, client_key=k)
+    assert (pair.requests_verify, pair.requests_cert) == (ca, (c, k))
+    one = NomadConnection(address="http://x:1", ca_cert=ca, client_cert=both, verify=False)
+    assert (one.requests_verify, one.requests_cert) == (False, both)
     with pytest.raises(ValueError, match="client_key"):
-        NomadClient(address="http://127.0.0.1:1", client_cert=c, client_key=str(tmp_path / "no"))
+        NomadConnection(
+            address="http://127.0.0.1:1", client_cert=c, client_key=str(tmp_path / "no")
+        )
+    with pytest.raises(ValueError, match="cannot be loaded"):
+        NomadConnection(address="https://127.0.0.1:1", client_cert=c, client_key=k)
+    moved = pair.at("10.0.0.7:4646")
+    assert (moved.address, moved.requests_cert, moved.token) == (
+        "http://10.0.0.7:4646",
+        (c, k),
+        None,
+    )
 
 
 # -- allocations ------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
+from controller.nomad.connection import NomadConnection
 from controller.nomad.exec import (
     ExecBroken,
     ExecClient,
@@ -72,7 +73,9 @@ async def nomad() -> AsyncIterator[tuple[Nomad, ExecClient]]:
     fake = Nomad()
     async with serve(fake.handler, "127.0.0.1", 0, process_request=fake.process_request) as server:
         port = next(iter(server.sockets)).getsockname()[1]
-        client = ExecClient(address=f"http://127.0.0.1:{port}", token="secret", namespace="ns1")
+        client = ExecClient(
+            NomadConnection(address=f"http://127.0.0.1:{port}", token="secret", namespace="ns1")
+        )
         yield fake, client
 
 
@@ -384,10 +387,12 @@ async def tls_nomad(tmp_path: Any) -> AsyncIterator[tuple[str, Any, str]]:
 @pytest.mark.anyio
 async def test_mutual_tls_with_the_nomad_ca(tls_nomad: tuple[str, Any, str]) -> None:
     address, (cert, key), ca = tls_nomad
-    client = ExecClient(address=address, ca_cert=ca, client_cert=cert, client_key=key)
+    client = ExecClient(NomadConnection(address, ca_cert=ca, client_cert=cert, client_key=key))
     assert client.url("a", "t", ["true"], False).startswith("wss://127.0.0.1:")
     assert await collect(client) == [Exited(0)]
-    unverified = ExecClient(address=address, client_cert=cert, client_key=key, verify=False)
+    unverified = ExecClient(
+        NomadConnection(address, client_cert=cert, client_key=key, verify=False)
+    )
     assert await collect(unverified) == [Exited(0)]  # NOMAD_SKIP_VERIFY
 
 
@@ -397,6 +402,6 @@ async def test_tls_refuses_an_unknown_ca_and_a_missing_client_certificate(
 ) -> None:
     address, (cert, key), ca = tls_nomad
     with pytest.raises(ExecBroken):  # the server's certificate is not trusted
-        await collect(ExecClient(address=address, client_cert=cert, client_key=key))
+        await collect(ExecClient(NomadConnection(address, client_cert=cert, client_key=key)))
     with pytest.raises(ExecBroken):  # no client certificate
-        await collect(ExecClient(address=address, ca_cert=ca))
+        await collect(ExecClient(NomadConnection(address, ca_cert=ca)))

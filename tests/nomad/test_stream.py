@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import requests
 
+from controller.nomad.connection import NomadConnection
 from controller.nomad.events import EventRef
 from controller.nomad.stream import EventStream
 from nomadsim import SimServer
@@ -56,8 +57,9 @@ def streams() -> Iterator[Callable[..., tuple[EventStream, Collector]]]:
         kwargs.setdefault("read_timeout_s", 5.0)
         kwargs.setdefault("backoff_base_s", 0.01)
         kwargs.setdefault("backoff_cap_s", 0.05)
+        wheres = {k: kwargs.pop(k) for k in ("token", "namespace", "region") if k in kwargs}
         stream = EventStream(
-            address=address,
+            NomadConnection(address=address, **wheres),
             on_events=kwargs.pop("on_events", collector.on_events),
             on_state=collector.on_state,
             **kwargs,

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from controller.clock import ManualClock
-from controller.nomad.gateway import LockHeld, NomadAPIError, NomadUnavailable
-from controller.reconcile.leader import LeaderElector
+from controller.nomad.gateway import NomadAPIError, NomadUnavailable
+from controller.reconcile.leader import WATCH_S, LeaderElector
 from tests.helpers import wait_until
 from tests.support.fake_nomad import FakeLocks, FakeNomad
 
@@ -128,8 +128,10 @@ def test_lock_taken_by_another_ends_leadership_at_once(
     assert not r.elector.is_leader()
     assert r.changes == [True, False]
     clock.advance(1.1 * TTL)
-    assert r.elector.step() == pytest.approx(1.1 * TTL)
-    assert r.gateway.lock_names() == ["acquire", "renew", "acquire"]
+    # Held by another: from now on it is watched with reads, not acquires.
+    assert r.elector.step() == pytest.approx(WATCH_S)
+    assert r.elector.step() == pytest.approx(WATCH_S)
+    assert r.gateway.lock_names() == ["acquire", "renew", "acquire", "held"]
     assert not r.elector.is_leader()
 
 
@@ -182,10 +184,8 @@ def test_renew_errors_until_the_lease_ends_lose_leadership(
     assert r.gateway.lock_names()[-1] == "acquire"
 
 
-@pytest.mark.parametrize(
-    "error", [LockHeld(PATH), NomadUnavailable("timeout"), NomadAPIError(500, "boom")]
-)
-def test_follower_retries_acquire_every_1_1_ttl(
+@pytest.mark.parametrize("error", [NomadUnavailable("timeout"), NomadAPIError(500, "boom")])
+def test_follower_retries_acquire_every_1_1_ttl_while_nomad_fails(
     clock: ManualClock, backend: FakeLocks, error: Exception
 ) -> None:
     r = Replica(backend, clock)
@@ -296,3 +296,33 @@ def test_two_replicas_are_never_both_leader_and_fail_over(
         clock.advance(tick)
     assert a.changes[-1] is False
     assert b.changes == [True]
+
+
+def test_a_follower_reads_the_held_lock_and_takes_it_right_after_a_release(
+    clock: ManualClock, backend: FakeLocks
+) -> None:
+    """A leader that steps down (a drain) releases the lock: a follower that
+    watches it with reads leads within one watch interval, not a TTL."""
+    leader, follower = Replica(backend, clock), Replica(backend, clock)
+    leader.elector.step()
+    assert follower.elector.step() == pytest.approx(WATCH_S)  # the acquire: held
+    for _ in range(5):
+        clock.advance(WATCH_S)
+        leader.elector.step()
+        assert follower.elector.step() == pytest.approx(WATCH_S)
+    assert follower.gateway.lock_names() == ["acquire"] + ["held"] * 5, "reads, not writes"
+    leader.elector.stop()
+    clock.advance(WATCH_S)
+    follower.elector.step()
+    assert follower.elector.is_leader() and not leader.elector.is_leader()
+
+
+def test_a_lock_waiting_out_its_lock_delay_is_still_held(
+    clock: ManualClock, backend: FakeLocks
+) -> None:
+    leader, follower = Replica(backend, clock), Replica(backend, clock)
+    leader.elector.step()
+    follower.elector.step()
+    clock.advance(TTL + 0.1)  # the leader died: its lock is dead, in its LockDelay
+    follower.elector.step()
+    assert follower.gateway.lock_names()[-1] == "held" and not follower.elector.is_leader()

@@ -157,6 +157,11 @@ class FakeLocks:
             raise LockHeld(lock.path)
         h.expires = self.clock.monotonic() + h.ttl_s
 
+    def blocked(self, path: str) -> bool:
+        """Held, or dead and waiting out its LockDelay."""
+        h = self.held.get(path)
+        return h is not None and self.clock.monotonic() < h.expires + h.delay_s
+
     def release(self, lock: Lock) -> None:
         h = self.held.get(lock.path)
         if h is not None and h.lock_id == lock.lock_id:
@@ -397,6 +402,12 @@ class FakeNomad:
         self._lock_call("release", lock)
         self.locks.release(lock)
         self._lock_answered()
+
+    def lock_held(self, path: str) -> bool:
+        self._lock_call("held", path)
+        held = self.locks.blocked(path)
+        self._lock_answered()
+        return held
 
     # -- NomadGateway: variables -------------------------------------------------------------
 

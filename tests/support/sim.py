@@ -2,17 +2,16 @@
 fast and deterministic in order (the `make_sim` fixture of tests/conftest.py
 starts simulators with them), and the topology the suite runs against.
 
-`PRODUCTION_TOPOLOGY` is the one switch: False keeps the suite on the old
-direct entry (the leader, one server, no connection limits); True runs it
+`PRODUCTION_TOPOLOGY` is the one switch: True (the default) runs the suite
 through a client agent of a three-server cluster with Nomad's default
-limits, as `sim` serves by default. Flip it once the controller reads
-forwarded errors (`rpc error: …`) as it reads direct ones."""
+limits, as `sim` serves by default and production runs; False puts it back
+on the old direct entry (the leader, one server, no connection limits)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-PRODUCTION_TOPOLOGY = False
+PRODUCTION_TOPOLOGY = True
 
 # The production topology: SimConfig's own defaults.
 PRODUCTION: dict[str, Any] = {

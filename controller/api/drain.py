@@ -1,0 +1,150 @@
+"""Graceful drain: what a replica does between SIGTERM and its exit.
+
+The protocol, stated before the code (docs/operations.md, "Deploying without
+cutting a student off"):
+
+1. The drain begins (the first SIGTERM or SIGINT): `/readyz` answers 503 at
+   once, so a load balancer stops routing new requests here; new claims, new
+   executions (`POST /execute`) and new file operations answer 503
+   `SHUTTING_DOWN` with `Retry-After`, which a client retries on another
+   replica. Everything else (reads, releases, environments, the WebSocket of
+   an execution already asked for) is still served.
+2. The replica steps down: the prewarm history is saved and the leader lock
+   released, so a follower takes over pool upkeep within about a second
+   instead of a lock TTL.
+3. Running executions and file operations go on until they end, or until the
+   grace (`NRC_SHUTDOWN_GRACE`) runs out; then every execution still running
+   is ended with an `error` frame saying the controller is shutting down (and
+   its command killed as on a timeout) — never a silent cut.
+4. Then uvicorn is told to exit, and the process exits 0. A second signal
+   ends at once.
+
+`Drain` is the state the middleware and `/readyz` read; `DrainGate` is the
+middleware that refuses new work and counts the work in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import Awaitable, Callable
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from controller.api.errors import error_response
+from controller.api.models import ErrorCode
+
+# A client retries after this many seconds (on another replica, through its
+# load balancer, which has stopped routing here by then).
+RETRY_AFTER_S = 1
+SHUTTING_DOWN_MESSAGE = (
+    "this replica of the controller is shutting down; retry the request (another replica serves it)"
+)
+
+
+class Drain:
+    """Whether this replica drains, and how much gated work is in flight.
+    Used on the API's event loop only."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def begin(self) -> None:
+        self.draining = True
+
+    def enter(self) -> None:
+        self._in_flight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """True once nothing is in flight, False when `timeout_s` ran out first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+
+def _pattern(prefix: str) -> re.Pattern[str]:
+    runner = f"{re.escape(prefix)}/runners"
+    return re.compile(
+        rf"^(?:(?P<claim>POST {runner})"
+        rf"|(?P<execute>POST {runner}/[^/]+/execute)"
+        rf"|(?P<files>(?:GET|PATCH|HEAD) {runner}/[^/]+/files(?:/raw)?)"
+        rf"|(?P<websocket>WS {runner}/[^/]+/websocket))$"
+    )
+
+
+class DrainGate:
+    """ASGI middleware: while draining, new claims, executions and file
+    operations answer 503 `SHUTTING_DOWN`; executions (their WebSockets) and
+    file operations are counted while they run, whenever they began."""
+
+    def __init__(self, app: ASGIApp, drain: Drain, prefix: str) -> None:
+        self.app = app
+        self.drain = drain
+        self.routes = _pattern(prefix)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        method = "WS" if scope["type"] == "websocket" else scope["method"]
+        match = self.routes.match(f"{method} {scope['path']}")
+        if match is None:
+            await self.app(scope, receive, send)
+            return
+        # An execution asked for before the drain is still served: its id
+        # lives on this replica only.
+        if self.drain.draining and match.lastgroup != "websocket":
+            response = error_response(503, SHUTTING_DOWN_MESSAGE, ErrorCode.SHUTTING_DOWN)
+            response.headers["Retry-After"] = str(RETRY_AFTER_S)
+            await response(scope, receive, send)
+            return
+        counted = match.lastgroup in ("files", "websocket")
+        if counted:
+            self.drain.enter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if counted:
+                self.drain.leave()
+
+
+async def run_drain(
+    drain: Drain,
+    *,
+    step_down: Callable[[], Awaitable[None]],
+    end_executions: Callable[[], None],
+    executions_ended: Callable[[], Awaitable[None]],
+    grace_s: float,
+    last_frames_s: float = 5.0,
+) -> bool:
+    """Steps 1-3 of the protocol; True when everything ended within the grace."""
+    drain.begin()
+    await step_down()
+    ended = await drain.wait_idle(grace_s)
+    if not ended:
+        end_executions()
+
+    async def last_frames() -> None:
+        # The error frames go out and the killed commands' clean-ups run.
+        await drain.wait_idle(last_frames_s)
+        await executions_ended()
+
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(last_frames(), last_frames_s)
+    return ended
