@@ -279,6 +279,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from controller.nomad.template_file import TemplateFileError
 
         settings = _settings()
+        problem = settings.open_api_problem() if args.command == "run" else None
+        if problem is not None:
+            # Fail closed: an API without a token must not face the network.
+            print(f"nomad-runner-controller: {problem}", file=sys.stderr)
+            return 2
         try:
             if args.command == "run":
                 return service.run(settings)

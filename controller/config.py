@@ -16,6 +16,7 @@ Durations accept plain seconds (`30`, `0.5`) or Go durations (`30s`, `5m`,
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import math
 import os
@@ -47,7 +48,9 @@ from pydantic_settings import (
 
 from controller.execution.command import ExecSettings, parse_wrapper
 from controller.execution.service import ExecutionSettings
+from controller.execution.store import Limits
 from controller.files.service import FileSettings
+from controller.files.upload import Limits as UploadLimits
 from controller.model import SECOND
 from controller.nomad.budget import (
     DEFAULT_MAX_CONNS_PER_AGENT,
@@ -271,6 +274,20 @@ def _allowed(text: str, *, duration: bool = False, secret: bool = False) -> dict
     return {"allowed": text, "duration": duration, "secret": secret}
 
 
+MIN_API_TOKEN_LENGTH = 16
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach an API bound to `host`: `localhost`
+    or a loopback address; any other name may resolve to anything."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class Settings(BaseSettings):
     """Every setting of the controller, read from environment variables.
 
@@ -356,8 +373,12 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(
         default=None,
         alias="NRC_API_TOKEN",
-        description="Bearer token API clients must send (secret); unset disables authentication.",
-        json_schema_extra=_allowed(_TOKEN, secret=True),
+        description="Bearer token API clients must send (secret, 16 characters or more); "
+        "unset, `run` only serves on loopback (see NRC_API_ALLOW_UNAUTHENTICATED).",
+        json_schema_extra=_allowed(
+            "a token of 16 or more characters without whitespace or control characters",
+            secret=True,
+        ),
     )
 
     api_websocket_scheme: Annotated[Literal["ws", "wss"], BeforeValidator(_lower)] = Field(
@@ -711,6 +732,96 @@ class Settings(BaseSettings):
         json_schema_extra=_allowed("one of json, text, auto"),
     )
 
+    # --- security: authentication that cannot fail open, browser defences, bounds ---
+    api_allow_unauthenticated: Boolean = Field(
+        default=False,
+        alias="NRC_API_ALLOW_UNAUTHENTICATED",
+        description="Let `run` serve without NRC_API_TOKEN on an address other than "
+        "loopback (anyone who reaches it drives the runners); without it, it refuses to start.",
+        json_schema_extra=_allowed(_BOOLEAN),
+    )
+    api_allowed_hosts: str | None = Field(
+        default=None,
+        alias="NRC_API_ALLOWED_HOSTS",
+        description="Host header values the API answers (others: 400; DNS rebinding), "
+        "comma-separated, * for any; unset: NRC_API_HOST, localhost, 127.0.0.1 and ::1, "
+        "or any when NRC_API_HOST is 0.0.0.0 or ::.",
+        json_schema_extra=_allowed("host names or addresses without port, comma-separated, or *"),
+    )
+    api_allowed_origins: str | None = Field(
+        default=None,
+        alias="NRC_API_ALLOWED_ORIGINS",
+        description="Browser origins (scheme://host[:port]) the execution WebSocket accepts, "
+        "comma-separated; unset: none. A handshake without Origin (not a browser) is accepted.",
+        json_schema_extra=_allowed("origins such as https://lms.example, comma-separated"),
+    )
+
+    execution_max_pending_per_runner: Integer = Field(
+        default=16,
+        alias="NRC_EXECUTION_MAX_PENDING_PER_RUNNER",
+        ge=1,
+        description="Execution ids of one runner that may wait for their WebSocket connect; "
+        "another /execute is 429.",
+        json_schema_extra=_allowed("a positive integer"),
+    )
+    execution_max_pending: Integer = Field(
+        default=256,
+        alias="NRC_EXECUTION_MAX_PENDING",
+        ge=1,
+        description="Execution ids that may wait for their WebSocket connect in all; "
+        "another /execute is 429.",
+        json_schema_extra=_allowed("a positive integer"),
+    )
+    execution_max_command_bytes: Integer = Field(
+        default=64 * 1024,
+        alias="NRC_EXECUTION_MAX_COMMAND_SIZE",
+        ge=1024,
+        le=128 * 1024 - 1,
+        description="Largest command with its environment in bytes, as the runner's shell "
+        "gets it (quoted); larger is 400. Linux runs no argument of 128 KiB or more.",
+        json_schema_extra=_allowed("an integer between 1024 and 131071 (bytes)"),
+    )
+
+    files_max_items: Integer = Field(
+        default=10_000,
+        alias="NRC_FILES_MAX_ITEMS",
+        ge=1,
+        description="Most delete and copy items in one PATCH /files (more is 400): each "
+        "costs memory and time far beyond its bytes.",
+        json_schema_extra=_allowed("a positive integer"),
+    )
+    files_max_path_bytes: Integer = Field(
+        default=4 * 1024 * 1024,
+        alias="NRC_FILES_MAX_PATH_BYTES",
+        ge=4096,
+        description="Most bytes of all paths of one PATCH /files together (more is 400).",
+        json_schema_extra=_allowed("an integer of 4096 or more (bytes)"),
+    )
+    files_max_concurrent_uploads: Integer = Field(
+        default=8,
+        alias="NRC_FILES_MAX_CONCURRENT_UPLOADS",
+        ge=1,
+        description="PATCH /files requests at once; one more is 503 at once (Retry-After).",
+        json_schema_extra=_allowed("a positive integer"),
+    )
+    files_upload_idle_timeout_s: Duration = Field(
+        default=30.0,
+        alias="NRC_FILES_UPLOAD_IDLE_TIMEOUT",
+        gt=0,
+        description="How long a PATCH /files body may send nothing before it is 408 (a "
+        "stalled client would keep its runner in use).",
+        json_schema_extra=_allowed(f"a duration above 0, {_DURATION_FORMS}", duration=True),
+    )
+
+    api_request_head_timeout_s: Duration = Field(
+        default=10.0,
+        alias="NRC_API_REQUEST_HEAD_TIMEOUT",
+        gt=0,
+        description="How long a connection may take to send a request's headers before it "
+        "is closed (slowloris: before any token could be checked).",
+        json_schema_extra=_allowed(f"a duration above 0, {_DURATION_FORMS}", duration=True),
+    )
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -749,6 +860,14 @@ class Settings(BaseSettings):
             raise ValueError("whitespace in token")
         return value
 
+    @field_validator("api_token")
+    @classmethod
+    def _check_api_token(cls, value: SecretStr | None) -> SecretStr | None:
+        # A short token can be guessed; the platform stores it, nobody types it.
+        if value is not None and len(value.get_secret_value()) < MIN_API_TOKEN_LENGTH:
+            raise ValueError(f"shorter than {MIN_API_TOKEN_LENGTH} characters")
+        return value
+
     @field_validator("nomad_namespace")
     @classmethod
     def _check_namespace(cls, value: str) -> str:
@@ -779,6 +898,16 @@ class Settings(BaseSettings):
         if value not in ("none", "bridge", "host") and not _CNI_MODE.fullmatch(value):
             raise ValueError("not a network mode")
         return value
+
+    @field_validator("api_allowed_hosts", "api_allowed_origins")
+    @classmethod
+    def _check_list(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        names = [n.strip() for n in value.split(",")]
+        if not all(_NO_SPACE.fullmatch(n) for n in names):
+            raise ValueError("an empty or blank entry")
+        return ",".join(names)
 
     @field_validator("template_datacenters")
     @classmethod
@@ -841,6 +970,19 @@ class Settings(BaseSettings):
         return self
 
     # --- what the rest of the controller needs ---
+
+    def open_api_problem(self) -> str | None:
+        """Why `run` must not start: the API would take requests without a
+        token on an address other than loopback, and nobody said so."""
+        if self.api_token is not None or self.api_allow_unauthenticated:
+            return None
+        if is_loopback(self.api_host):
+            return None
+        return (
+            f"NRC_API_TOKEN is not set and the API would listen on {self.api_host}, open to "
+            "anyone who reaches it: set NRC_API_TOKEN (16 characters or more), listen on "
+            "127.0.0.1, or set NRC_API_ALLOW_UNAUTHENTICATED=true"
+        )
 
     @property
     def api_auth_token(self) -> str | None:
@@ -911,13 +1053,22 @@ class Settings(BaseSettings):
                 separate_stderr=self.exec_separate_stderr,
             ),
             id_ttl_s=self.execution_id_ttl_s,
+            limits=Limits(
+                max_pending_per_runner=self.execution_max_pending_per_runner,
+                max_pending=self.execution_max_pending,
+                max_command_bytes=self.execution_max_command_bytes,
+            ),
             broken_as_exit_zero=self.exec_broken_end == "exit0",
             signal_loss_window_s=self.exec_signal_loss_window_s,
         )
 
     def file_settings(self) -> FileSettings:
         return FileSettings(
-            exec=self.execution_settings().exec, max_upload_bytes=self.files_max_upload_bytes
+            exec=self.execution_settings().exec,
+            max_upload_bytes=self.files_max_upload_bytes,
+            upload_limits=UploadLimits(
+                max_items=self.files_max_items, max_path_bytes=self.files_max_path_bytes
+            ),
         )
 
     def budget_settings(self) -> BudgetSettings:

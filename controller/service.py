@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import secrets
 import shlex
 import signal
 import threading
@@ -19,10 +20,14 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from pydantic import SecretStr
 
+from controller.api import head_deadline
 from controller.api.app import create_app
 from controller.api.drain import Drain, run_drain
 from controller.api.executions import WebSocketUrls
+from controller.api.guard import allowed_hosts
+from controller.api.uploads import UploadSettings
 from controller.config import Settings
 from controller.execution.relay import Relay
 from controller.execution.service import executions
@@ -118,6 +123,12 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
     app = create_app(
         controller.pools,
         api_token=settings.api_auth_token,
+        allowed_hosts=allowed_hosts(
+            (settings.api_allowed_hosts or "").split(","), settings.api_host
+        ),
+        allowed_origins=tuple((settings.api_allowed_origins or "").split(","))
+        if settings.api_allowed_origins
+        else (),
         max_pool_size=settings.max_pool_size,
         pool_alert_threshold=settings.pool_alert_threshold,
         execution=execution,
@@ -126,6 +137,10 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
             trust_proxy_headers=settings.api_trust_proxy_headers,
         ),
         file_service=Files(exec_client, metrics, settings.file_settings()),
+        upload_settings=UploadSettings(
+            max_concurrent=settings.files_max_concurrent_uploads,
+            idle_timeout_s=settings.files_upload_idle_timeout_s,
+        ),
         max_upload_bytes=settings.files_max_upload_bytes,
         drain=drain,
     )
@@ -232,6 +247,7 @@ def serve(service: Service, on_started: Callable[[str], None] | None = None) -> 
         log_config=None,  # our handlers, our format
         access_log=False,
         timeout_graceful_shutdown=5,
+        http=head_deadline.protocol(s.api_request_head_timeout_s),
     )
     server = _Server(config, on_started, service)
     try:
@@ -273,9 +289,20 @@ def _stoppable_start() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def _secrets(settings: Settings) -> list[str]:
+    """The values no log line may show."""
+    nomad = settings.nomad_token.get_secret_value() if settings.nomad_token else None
+    return [s for s in (settings.api_auth_token, nomad) if s]
+
+
 def run(settings: Settings) -> int:
-    configure_logging(settings.log_level, settings.effective_log_format)
+    configure_logging(settings.log_level, settings.effective_log_format, _secrets(settings))
     log.info("controller against Nomad at %s", settings.nomad_addr)
+    if settings.api_token is None:
+        log.warning(
+            "NRC_API_TOKEN is not set: the API on %s takes requests without authentication",
+            settings.api_host,
+        )
     try:
         with _stoppable_start():
             service = build(settings)
@@ -291,7 +318,11 @@ def dev(settings: Settings, topology: dict[str, Any] | None = None) -> int:
     connection limits; its production defaults when not given)."""
     from nomadsim import SimConfig, SimServer
 
-    configure_logging(settings.log_level, settings.effective_log_format)
+    # The simulator runs commands on this host: never without a token, or a
+    # web page the developer opens could run them (one is made up).
+    if settings.api_token is None:
+        settings = replace_settings(settings, api_token=SecretStr(secrets.token_urlsafe(24)))
+    configure_logging(settings.log_level, settings.effective_log_format, _secrets(settings))
     sim = SimServer(
         SimConfig(nodes=3, startup_delay_ms=500.0, stop_delay_ms=200.0, **(topology or {}))
     )
@@ -308,7 +339,7 @@ def dev(settings: Settings, topology: dict[str, Any] | None = None) -> int:
 
         def started(api: str) -> None:
             service.controller.pools.put_environment(DEMO_ENVIRONMENT)
-            print(dev_banner(api, sim.address, settings.api_auth_token), flush=True)
+            print(dev_banner(api, sim.address, service.settings.api_auth_token), flush=True)
 
         return serve(service, started)
     finally:
@@ -335,6 +366,11 @@ def dev_banner(api: str, nomad: str, token: str | None) -> str:
             f"  metrics    {api}/metrics",
             f"  simulator  {nomad}  (NOMAD_ADDR for the nomad CLI or python-nomad)",
             f"  demo environment {env.id}: pool of {env.prewarming_pool_size} runners",
+            *(
+                [f"  API token  {token}  (Authorization: Bearer or Poseidon-Token)"]
+                if token
+                else []
+            ),
             "",
             "# create an environment",
             f"curl -s -X PUT {auth}{json_header}-d {shlex.quote(body)} "

@@ -20,6 +20,7 @@ from controller.config import (
     Settings,
     describe,
     format_duration,
+    is_loopback,
     load_settings,
     parse_duration,
     render_table,
@@ -94,6 +95,17 @@ ALL_VARIABLES = [
     "NRC_LEADER_TTL",
     "NRC_LOG_LEVEL",
     "NRC_LOG_FORMAT",
+    "NRC_API_ALLOW_UNAUTHENTICATED",
+    "NRC_API_ALLOWED_HOSTS",
+    "NRC_API_ALLOWED_ORIGINS",
+    "NRC_EXECUTION_MAX_PENDING_PER_RUNNER",
+    "NRC_EXECUTION_MAX_PENDING",
+    "NRC_EXECUTION_MAX_COMMAND_SIZE",
+    "NRC_FILES_MAX_ITEMS",
+    "NRC_FILES_MAX_PATH_BYTES",
+    "NRC_FILES_MAX_CONCURRENT_UPLOADS",
+    "NRC_FILES_UPLOAD_IDLE_TIMEOUT",
+    "NRC_API_REQUEST_HEAD_TIMEOUT",
 ]
 
 
@@ -741,8 +753,44 @@ def test_secrets_never_logged(caplog: pytest.LogCaptureFixture) -> None:
 def test_bad_secret_is_not_echoed(var: str) -> None:
     secret = "abc def-secret-part"
     lines = problems_of({var: secret})
-    assert lines == [f"{var}: must be a token without whitespace or control characters"]
+    assert lines[0].startswith(f"{var}: must be a token ")
+    assert lines[0].endswith("without whitespace or control characters")
     assert "secret-part" not in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.8.0.1", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("192.0.2.1", False),
+        ("controller.example", False),  # a name may resolve to anything
+    ],
+)
+def test_loopback_addresses(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_the_api_fails_closed_without_a_token() -> None:
+    """Issue 24, finding 3: unset, empty or short, the token turned authentication off."""
+    assert load_settings({}).open_api_problem() is None  # loopback by default
+    open_ = load_settings({"NRC_API_HOST": "0.0.0.0"})
+    assert "NRC_API_TOKEN is not set" in (open_.open_api_problem() or "")
+    empty = load_settings({"NRC_API_HOST": "0.0.0.0", "NRC_API_TOKEN": ""})
+    assert empty.open_api_problem() is not None
+    allowed = {"NRC_API_HOST": "0.0.0.0", "NRC_API_ALLOW_UNAUTHENTICATED": "true"}
+    assert load_settings(allowed).open_api_problem() is None
+    token = {"NRC_API_HOST": "0.0.0.0", "NRC_API_TOKEN": "x" * 16}
+    assert load_settings(token).open_api_problem() is None
+    assert problems_of({"NRC_API_TOKEN": "x" * 15}) == [
+        "NRC_API_TOKEN: must be a token of 16 or more characters without whitespace or "
+        "control characters"
+    ]
 
 
 def test_credentials_in_nomad_addr_are_not_echoed() -> None:

@@ -7,7 +7,9 @@
 - `errors`: every error answer in one shape;
 - `runners`, `environments`, `executions`, `files`, `health`: the routes;
 - `openapi`: `/openapi.json` as the API answers;
-- `drain`: the graceful drain on SIGTERM (new work refused, the rest ends).
+- `drain`: the graceful drain on SIGTERM (new work refused, the rest ends);
+- `guard`: browser defences (trusted Host, JSON content type, WebSocket Origin);
+- `uploads`: bounds on uploads; `head_deadline`: a deadline on request heads.
 """
 
 from controller.api.app import create_app

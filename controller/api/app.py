@@ -6,9 +6,10 @@ the root, `/healthz`, `/readyz` and `/metrics`. It never talks to Nomad
 itself: every route calls the controller, which owns all state.
 
 Layers, outermost first: `CatchAll` (500 UNKNOWN for anything unhandled),
-`DrainGate` (503 SHUTTING_DOWN for new work while the replica drains),
-`BodyLimit` (413), FastAPI's exception handlers (`controller.api.errors`),
-token authentication on the protected routers, then the routes.
+`TrustedHost` (400, `guard`), `DrainGate` (503 SHUTTING_DOWN for new work
+while the replica drains), `BodyLimit` (413), `UploadGate`, FastAPI's
+exception handlers (`controller.api.errors`), token authentication on the
+protected routers, then the routes.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from controller.api.body import (
 )
 from controller.api.drain import Drain, DrainGate
 from controller.api.executions import WebSocketUrls
+from controller.api.guard import TrustedHost
+from controller.api.uploads import BodyIdle, UploadGate, UploadSettings
 from controller.execution.service import Executions, NoExec
 from controller.execution.service import executions as default_executions
 from controller.files.service import Files, FileSettings
@@ -79,10 +82,15 @@ def create_app(
     websocket_urls: WebSocketUrls | None = None,
     file_service: Files | None = None,
     max_upload_bytes: int = FileSettings().max_upload_bytes,
+    allowed_hosts: frozenset[str] | None = None,
+    allowed_origins: tuple[str, ...] = (),
+    upload_settings: UploadSettings | None = None,
     drain: Drain | None = None,
 ) -> FastAPI:
     """The API application; the caller runs it (uvicorn) and owns the controller.
-    Without `execution`, executions end with an error frame (no Nomad exec)."""
+    Without `execution`, executions end with an error frame (no Nomad exec).
+    `allowed_hosts`: the trusted `Host` names (None: any); `allowed_origins`:
+    the browser origins the execution WebSocket accepts (`guard`)."""
     if max_pool_size < 0:
         raise ValueError("max_pool_size must not be negative")
     if not 0.0 <= pool_alert_threshold <= 1.0:
@@ -109,6 +117,7 @@ def create_app(
             api_token,
             websocket_urls or WebSocketUrls(),
             API_PREFIX,
+            allowed_origins,
         ),
         prefix=API_PREFIX,
     )
@@ -128,10 +137,21 @@ def create_app(
 
     # json_body answers 413 itself; this covers any other reader of the body
     app.add_exception_handler(BodyTooLarge, body_too_large)
-    uploads = RouteLimit("PATCH", re.compile(f"{API_PREFIX}/runners/[^/]+/files"), max_upload_bytes)
+
+    async def body_idle(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, BodyIdle)
+        return errors.error_response(408, str(exc))
+
+    app.add_exception_handler(BodyIdle, body_idle)
+    upload_path = re.compile(f"{API_PREFIX}/runners/[^/]+/files")
+    app.add_middleware(
+        UploadGate, method="PATCH", path=upload_path, settings=upload_settings or UploadSettings()
+    )
+    uploads = RouteLimit("PATCH", upload_path, max_upload_bytes)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, routes=[uploads])
     if drain is not None:
         app.add_middleware(DrainGate, drain=drain, prefix=API_PREFIX)
+    app.add_middleware(TrustedHost, allowed=allowed_hosts)
     app.add_middleware(errors.CatchAll)
 
     def schema() -> dict[str, Any]:

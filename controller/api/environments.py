@@ -164,7 +164,7 @@ def router(controller: Pools, dependencies: list[Any], max_pool_size: int) -> AP
         responses={
             201: {"description": "The execution environment did not exist and was created."},
             204: {"description": "The execution environment was replaced."},
-            **responses(400, 413, 500, 503),
+            **responses(400, 413, 415, 500, 503),
         },
         openapi_extra=request_body(EnvironmentRequest, "The new execution environment."),
     )

@@ -177,9 +177,16 @@ DESCRIPTIONS = {
     404: "The entity does not exist.",
     410: "The runner is not available any longer: unknown, released, or lost (the "
     "message says why it was lost).",
+    408: "The request body sent nothing for NRC_FILES_UPLOAD_IDLE_TIMEOUT.",
     409: "The runner's file system conflicts with the request: a directory where a file "
-    "is to be copied, or a file where a directory is needed. Delete it first.",
+    "is to be copied, or a file where a directory is needed (delete it first); or a "
+    "symbolic link on the path, which file operations never follow (for list and "
+    "download: privileged ones).",
     413: "The request body exceeds its limit (1 MiB; PATCH /files: NRC_FILES_MAX_UPLOAD).",
+    403: "A browser Origin the WebSocket does not accept (NRC_API_ALLOWED_ORIGINS).",
+    415: "A body without a JSON Content-Type (application/json).",
+    429: "Too many executions wait for their WebSocket connect (per runner or in all): "
+    "connect to them first.",
     416: "The Range lies beyond the end of the file (Content-Range names its size).",
     424: "The path does not exist, cannot be read, or (for a download) is not a file.",
     426: "A plain GET: the execution runs over a WebSocket; connect with an upgrade.",

@@ -23,12 +23,13 @@ from starlette.websockets import WebSocketDisconnect
 from controller.api.auth import headers_offer
 from controller.api.body import json_body, request_body
 from controller.api.errors import ApiError, error_response, not_leader_message, responses
+from controller.api.guard import origin_allowed
 from controller.api.models import ErrorCode, ExecutionCreated, ExecutionRequest
 from controller.api.runners import claimed_runner, expired_message
 from controller.execution.command import ExecutionRequest as Command
 from controller.execution.frames import Frame, encode
 from controller.execution.relay import Relay
-from controller.execution.store import ExecutionStore
+from controller.execution.store import ExecutionStore, Refused
 from controller.reconcile.claims import NotLeader
 from controller.reconcile.facade import Pools
 
@@ -113,6 +114,7 @@ def router(
     api_token: str | None,
     urls: WebSocketUrls,
     prefix: str,
+    allowed_origins: tuple[str, ...] = (),
 ) -> APIRouter:
     api = APIRouter(prefix="/runners", tags=["runner"])
 
@@ -124,21 +126,24 @@ def router(
             "URLs expire). Restarts the runner's inactivity timer."
         ),
         response_model=ExecutionCreated,
-        responses=responses(400, 410, 413, 503),
+        responses=responses(400, 410, 413, 415, 429, 503),
         openapi_extra=request_body(ExecutionRequest, "The command and how to run it."),
         dependencies=dependencies,
     )
     def execute(runnerId: RunnerId, body: ExecutionBody, request: Request) -> ExecutionCreated:
         claimed_runner(controller, runnerId)
-        execution = store.add(
-            runnerId,
-            Command(
-                command=body.command,
-                time_limit_s=body.timeLimit,
-                privileged=body.privilegedExecution,
-                environment=dict(body.environment),
-            ),
-        )
+        try:
+            execution = store.add(
+                runnerId,
+                Command(
+                    command=body.command,
+                    time_limit_s=body.timeLimit,
+                    privileged=body.privilegedExecution,
+                    environment=dict(body.environment),
+                ),
+            )
+        except Refused as exc:
+            raise ApiError(exc.status, exc.message) from None
         path = f"{prefix}/runners/{runnerId}/websocket"
         return ExecutionCreated(websocketUrl=urls.url(request, path, execution.id))
 
@@ -160,6 +165,10 @@ def router(
 
     @api.websocket("/{runnerId}/websocket")
     async def websocket(websocket: WebSocket, runnerId: str) -> None:
+        if not origin_allowed(websocket.headers.get("origin"), allowed_origins):
+            # A web page's script, whatever it holds: browsers send Origin.
+            await _deny(websocket, 403, "this Origin may not connect (NRC_API_ALLOWED_ORIGINS)")
+            return
         if api_token is not None and not headers_offer(websocket.headers, api_token):
             await _deny(websocket, 401, "authentication required: send the API token")
             return

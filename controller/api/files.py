@@ -36,10 +36,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from controller.api.body import BodyTooLarge, request_body, too_large_message
+from controller.api.body import BodyTooLarge, request_body, require_json, too_large_message
 from controller.api.errors import ApiError, responses
 from controller.api.models import ErrorCode, FileListing, FileUpdate
 from controller.api.runners import claimed_runner, expired_message
+from controller.files import ranges
 from controller.files.paths import BadPath, to_bytes
 from controller.files.ranges import http_date
 from controller.files.service import (
@@ -132,6 +133,13 @@ def checked_path(value: str, name: str = "path") -> str:
     except BadPath as exc:
         raise ApiError(400, f"{name} {exc}") from None
     return value
+
+
+def checked_range(value: str | None) -> str | None:
+    try:
+        return ranges.checked(value)
+    except ranges.RangeTooLong as exc:
+        raise ApiError(400, str(exc)) from None
 
 
 def content_disposition(path: str) -> str:
@@ -370,7 +378,7 @@ def router(
         response_class=Response,
         responses={
             204: {"description": "Everything was deleted and copied."},
-            **responses(400, 409, 410, 413, 500, 503),
+            **responses(400, 409, 410, 413, 415, 500, 503),
         },
         openapi_extra=request_body(FileUpdate, "What to delete, then what to copy."),
     )
@@ -389,7 +397,11 @@ def router(
             with tempfile.TemporaryFile(prefix="nrc-upload-") as spool:
                 try:
                     await _spool(request, spool)
-                    upload = await run_in_threadpool(parse, spool.fileno())
+                    require_json(request)  # 415, once the body is read as for any answer
+                    upload = await run_in_threadpool(parse, spool.fileno(), files.upload_limits)
+                except ApiError:
+                    count("copy", "bad_request")
+                    raise
                 except BodyTooLarge:
                     count("copy", "bad_request")
                     raise ApiError(413, too_large_message(max_upload_bytes)) from None
@@ -422,7 +434,7 @@ def router(
             "does not exist or cannot be read. Restarts the runner's inactivity timer."
         ),
         response_model=FileListing,
-        responses=responses(400, 410, 424, 500, 503),
+        responses=responses(400, 409, 410, 424, 500, 503),
     )
     async def list_files(
         runnerId: RunnerId,
@@ -467,7 +479,7 @@ def router(
                 "content": {"application/octet-stream": {"schema": {"type": "string"}}},
             },
             206: {"description": "The requested range of the file."},
-            **responses(400, 410, 416, 424, 500, 503),
+            **responses(400, 409, 410, 416, 424, 500, 503),
         },
     )
     async def download(
@@ -485,7 +497,7 @@ def router(
                 alloc_id,
                 checked_path(target),
                 go_bool(params.get("privilegedExecution"), False),
-                request.headers.get("range"),
+                checked_range(request.headers.get("range")),
                 request.headers.get("if-range"),
             ),
         )

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from controller.execution.command import ENV_NAME
+from controller.execution.command import ENV_NAME, refused_env_name
 from controller.model import Phase
 
 MAX_ID = 2**63 - 1  # ids are Go int64 in Poseidon and in clients
@@ -138,7 +138,10 @@ class ExecutionRequest(_Request):
     environment: dict[str, str] = Field(
         default_factory=dict,
         description="Environment variables for the command (names: letters, digits, `_`, "
-        "not starting with a digit). Values are passed as they are, quotes and spaces included.",
+        "not starting with a digit; not BASH_ENV, ENV, SHELLOPTS, BASHOPTS, PROMPT_COMMAND, "
+        "PS4, IFS, BASH_XTRACEFD, GLOBIGNORE, EXECIGNORE, CDPATH, GCONV_PATH, LD_*, "
+        "BASH_FUNC_*, NRC_* or NOMAD_*). Values are passed as they are, quotes and spaces "
+        "included.",
         json_schema_extra={
             "propertyNames": {"pattern": f"^{ENV_NAME.pattern}$"},
             "additionalProperties": {"type": "string", "pattern": _NO_NUL},
@@ -156,6 +159,11 @@ class ExecutionRequest(_Request):
         for name, value in environment.items():
             if not ENV_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not a valid environment variable name")
+            if refused_env_name(name):
+                raise ValueError(
+                    f"{name!r} may not be set: it changes how the shell or the loader "
+                    "runs the command, or it is the controller's or Nomad's"
+                )
             _no_nul(value)
         return environment
 

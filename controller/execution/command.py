@@ -37,6 +37,38 @@ MARKER = "NRC_EXECUTION_ID"
 # names, loosened to one character. The API validates requests against it.
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
+# Names a client's `environment` may not set: they change what bash does
+# before or around the command (BASH_ENV and ENV are sourced, SHELLOPTS and
+# BASHOPTS turn on options, PS4 is expanded under xtrace, IFS re-splits),
+# load code into every program (the loader's LD_*, glibc's GCONV_PATH), define
+# functions (BASH_FUNC_*), or are ours and Nomad's (NRC_EXECUTION_ID marks
+# the processes the timeout kills; NOMAD_* are hidden from commands). PATH is
+# allowed: CodeOcean's images may need it for their toolchains, our own
+# programs are started by absolute path, and the command is the platform's.
+REFUSED_ENV_NAMES = frozenset(
+    {
+        "BASH_ENV",
+        "ENV",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "PROMPT_COMMAND",
+        "PS4",
+        "IFS",
+        "BASH_XTRACEFD",
+        "GLOBIGNORE",
+        "EXECIGNORE",
+        "CDPATH",
+        "GCONV_PATH",
+    }
+)
+REFUSED_ENV_PREFIXES = ("LD_", "BASH_FUNC_", "NRC_", "NOMAD_")
+
+
+def refused_env_name(name: str) -> bool:
+    """Whether a client's `environment` may not set `name` (case as given:
+    the shell and the loader only read these names in upper case)."""
+    return name in REFUSED_ENV_NAMES or name.startswith(REFUSED_ENV_PREFIXES)
+
 
 @dataclass(frozen=True)
 class ExecSettings:
@@ -97,6 +129,13 @@ def main_command(execution_id: str, request: ExecutionRequest, settings: ExecSet
         # other side; the reader unlinks it once both ends are open.
         command = f"mkfifo -m 600 {fifo} 2>/dev/null; exec 2>{fifo}; {command}"
     return as_client(command, request.privileged, settings, execution_id)
+
+
+def command_size(request: ExecutionRequest, settings: ExecSettings) -> int:
+    """Bytes of the largest argument of the execution's exec: the script bash
+    gets, the command and environment quoted (Linux refuses one over 128 KiB)."""
+    argv = main_command("0" * 32, request, settings)
+    return max(len(a.encode("utf-8", "surrogateescape")) for a in argv)
 
 
 def stderr_command(

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from controller.execution.command import ExecSettings
+from controller.execution.command import ExecSettings, command_size
 from controller.execution.relay import Execs, Relay, RelaySettings, Session
 from controller.execution.runners import ControllerRunners
-from controller.execution.store import ExecutionStore
+from controller.execution.store import ExecutionStore, Limits
 from controller.nomad.exec import ExecRejected
 from controller.reconcile.facade import Pools
 
@@ -21,6 +21,7 @@ class ExecutionSettings:
     id_ttl_s: float = 300.0
     broken_as_exit_zero: bool = False
     signal_loss_window_s: float = 0.5
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass
@@ -53,4 +54,7 @@ def executions(
             signal_loss_window_s=s.signal_loss_window_s,
         ),
     )
-    return Executions(relay, ExecutionStore(controller.clock, s.id_ttl_s))
+    store = ExecutionStore(
+        controller.clock, s.id_ttl_s, s.limits, lambda request: command_size(request, s.exec)
+    )
+    return Executions(relay, store)

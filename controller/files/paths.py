@@ -47,6 +47,15 @@ def clean(path: str) -> str:
     return "/" + cleaned.lstrip("/") if cleaned.startswith("//") else cleaned
 
 
+def split(path: str) -> tuple[str, str]:
+    """(parent directory, last component) of a cleaned path: `a/b` is
+    (`a`, `b`), `b` is (`.`, `b`), `/b` is (`/`, `b`), `.` is (`.`, `.`)."""
+    parent, slash, name = path.rpartition("/")
+    if not slash:
+        return ".", name
+    return parent or "/", name or "."
+
+
 def ancestors(path: str) -> Iterator[str]:
     """The directories above a cleaned path, nearest last (`a/b/c`: `a`,
     `a/b`); not `/` and not `.`, which always exist."""

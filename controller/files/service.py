@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 import uuid
@@ -40,8 +39,7 @@ from controller.execution.relay import Execs, Session
 from controller.files import listing, scripts
 from controller.files.listing import Entry, Records
 from controller.files.ranges import Span, Unsatisfiable, requested
-from controller.files.tar import stream as tar_stream
-from controller.files.upload import Upload
+from controller.files.upload import Limits, Upload
 from controller.metrics import Metrics
 from controller.nomad.exec import ExecError, ExecEvent, Exited, Output
 
@@ -57,6 +55,7 @@ KILL_TIMEOUT_S = 5.0  # the kill exec of an abandoned operation
 class FileSettings:
     exec: ExecSettings = field(default_factory=ExecSettings)
     max_upload_bytes: int = 100 * 1024 * 1024
+    upload_limits: Limits = field(default_factory=Limits)
 
 
 class FileError(Exception):
@@ -157,6 +156,11 @@ class Files:
         self._wall_clock = wall_clock
         self._pending: set[asyncio.Task[None]] = set()
 
+    @property
+    def upload_limits(self) -> Limits:
+        """What one upload may list (`upload.parse`)."""
+        return self._settings.upload_limits
+
     async def _open(self, alloc_id: str, command: Callable[[str], list[str]]) -> Session:
         """Open the exec of `command(marker)`: closed before its command was
         seen to exit (given up on: a client gone, an error, a cancellation),
@@ -207,8 +211,7 @@ class Files:
         try:
             result = Captured()
             events = session.events()
-            archive = tar_stream(spool, upload, int(self._wall_clock()))
-            stdin = itertools.chain(scripts.copy_preamble(upload), archive)
+            stdin = scripts.copy_input(spool, upload, int(self._wall_clock()))
             sending = _send_all(session, _batched(stdin, STDIN_FRAME))
             try:
                 await _run_with_input(events, result, sending)
@@ -220,7 +223,7 @@ class Files:
             return
         if result.code == scripts.CONFLICT:
             found = scripts.conflicts(bytes(result.stdout))
-            raise Conflict("; ".join(_conflict_message(d, p) for d, p in found) or result.message())
+            raise Conflict("; ".join(_conflict_message(k, p) for k, p in found) or result.message())
         raise Failed(f"copying failed: {result.message()}")
 
     # -- list ------------------------------------------------------------------------
@@ -232,7 +235,7 @@ class Files:
         )
         async with _closed_on_failure(session):
             events = session.events()
-            await session.send(scripts.list_input(path, recursive))
+            await session.send(scripts.list_input(path, recursive, privileged))
             await session.close_stdin()
             result = Captured()
             first = b""
@@ -242,6 +245,10 @@ class Files:
                     break
                 result.add(event)
             else:
+                if result.code == scripts.LINK:
+                    raise Conflict(
+                        _link_message(scripts.link_refused(bytes(result.stderr)) or path)
+                    )
                 if result.code != 0:
                     raise NotFound(f"{path!r} cannot be listed: {result.message()}")
         return Listing(_Body(self._listing_body(session, events, first, path, recursive), session))
@@ -308,7 +315,7 @@ class Files:
         )
         async with _closed_on_failure(session):
             events = session.events()
-            await session.send(scripts.read_input(path))
+            await session.send(scripts.read_input(path, privileged))
             result = Captured()
             head = bytearray()
             async for event in events:
@@ -319,6 +326,10 @@ class Files:
                 else:
                     result.add(event)
             else:
+                if result.code == scripts.LINK:
+                    raise Conflict(
+                        _link_message(scripts.link_refused(bytes(result.stderr)) or path)
+                    )
                 if result.code in (scripts.IS_DIRECTORY, scripts.NOT_REGULAR):
                     raise NotFound(f"{path!r} is not a file: {result.message()}")
                 raise NotFound(f"{path!r} cannot be read: {result.message()}")
@@ -438,8 +449,14 @@ async def _closed_on_failure(session: Session) -> AsyncIterator[None]:
         raise
 
 
-def _conflict_message(directory_expected: bool, path: str) -> str:
-    if directory_expected:
+def _link_message(path: str) -> str:
+    return f"{path!r} is a symbolic link: file operations never follow one"
+
+
+def _conflict_message(kind: str, path: str) -> str:
+    if kind == "l":
+        return _link_message(path)
+    if kind == "d":
         return f"{path!r} is not a directory, but a copied path needs it to be one"
     return f"{path!r} is a directory, where a file is to be copied: delete it first"
 

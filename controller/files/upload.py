@@ -242,11 +242,23 @@ def content_chunks(fd: int, region: Region) -> Iterator[bytes]:
 # -- the document ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one upload may list, whatever its size in bytes: each
+    item and each path costs memory and time far beyond its bytes."""
+
+    max_items: int = 10_000  # deletions and copies together
+    max_path_bytes: int = 4 * 1024 * 1024  # all paths together
+
+
 class _Events:
     """ijson's events with the real value of every string (decoded on demand)."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, limits: Limits | None = None) -> None:
         self.fd = fd
+        self.limits = limits or Limits()
+        self.items = 0
+        self.path_bytes = 0
         self._strings = StringRegions(fd)
         self._events = ijson.basic_parse(self._strings, buf_size=CHUNK, use_float=True)
 
@@ -316,9 +328,15 @@ def _path(events: _Events, where: str, event: str, region: Region | None) -> str
     if not text:
         raise BadUpload(f"{where}: the path is empty")
     try:
-        to_bytes(text)
+        raw = to_bytes(text)
     except BadPath as exc:
         raise BadUpload(f"{where}: the path {text!r} {exc}") from None
+    events.path_bytes += len(raw)
+    if events.path_bytes > events.limits.max_path_bytes:
+        raise BadUpload(
+            f"{where}: the paths take more than {events.limits.max_path_bytes} bytes "
+            "(NRC_FILES_MAX_PATH_BYTES)"
+        )
     return text
 
 
@@ -333,6 +351,11 @@ def _items(events: _Events, name: str, shape: str) -> Iterator[tuple[str, Region
         event, region = events.next()
         if event == "end_array":
             return
+        events.items += 1
+        if events.items > events.limits.max_items:
+            raise BadUpload(
+                f"more than {events.limits.max_items} delete and copy items (NRC_FILES_MAX_ITEMS)"
+            )
         yield event, region
 
 
@@ -403,9 +426,10 @@ def _copies(events: _Events) -> list[Copy]:
     return copies
 
 
-def parse(fd: int) -> Upload:
-    """The upload in the spool `fd`; BadUpload naming the first problem."""
-    events = _Events(fd)
+def parse(fd: int, limits: Limits | None = None) -> Upload:
+    """The upload in the spool `fd`; BadUpload naming the first problem
+    (also going beyond `limits`)."""
+    events = _Events(fd, limits)
     event, _ = events.next()
     if event != "start_map":
         raise BadUpload("the body must be a JSON object with delete and copy")

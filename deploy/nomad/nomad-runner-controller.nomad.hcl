@@ -146,7 +146,9 @@ job "nomad-runner-controller" {
       # may read without any policy. Create it before the first run:
       #   nomad var put -namespace default nomad/jobs/nomad-runner-controller \
       #       api_token="$(openssl rand -hex 32)"
-      # Without it the task gets no NRC_API_TOKEN; changing it restarts the task.
+      # Without it the task gets no NRC_API_TOKEN and the controller refuses
+      # to start (it would listen on 0.0.0.0 without authentication): the
+      # task fails rather than serve open. Changing it restarts the task.
       template {
         destination = "secrets/api.env"
         env         = true

@@ -96,7 +96,8 @@ def test_content_length_is_checked(api: Api) -> None:
     assert asgi_request(api.app, "POST", path, [(b"content-length", b"-1")]) == 400
     huge = b"9" * 30
     assert asgi_request(api.app, "POST", path, [(b"content-length", huge)]) == 413
-    assert asgi_request(api.app, "POST", path, [(b"content-length", b"2")]) == 400  # no id
+    json = (b"content-type", b"application/json")
+    assert asgi_request(api.app, "POST", path, [(b"content-length", b"2"), json]) == 400  # no id
 
 
 def test_unexpected_errors_are_500_unknown_without_details(

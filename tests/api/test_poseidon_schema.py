@@ -56,16 +56,23 @@ DEVIATIONS: dict[tuple[str, str], set[str]] = {
     ("GET", "/statistics/execution-environments"): {"401"},
     # /execute answers 503 NOT_LEADER too; the WebSocket's handshake route also
     # answers a plain GET (no upgrade) with 426, and 503 from a follower
-    ("POST", RUNNER + "/execute"): {"503"},
+    # and 429 when too many of its ids wait for their connect (issue 24)
+    ("POST", RUNNER + "/execute"): {"503", "429"},
     ("GET", RUNNER + "/websocket"): {"426", "503"},
     # files: 503 from a follower; 409 a directory where a file goes (Poseidon:
     # a 500 after a partial copy); 416 a Range beyond the end (Poseidon has no
     # ranges, nor 206); 400 for a bad path or query (Poseidon lists 400 only
     # for PATCH)
     ("PATCH", RUNNER + "/files"): {"409", "503"},
-    ("GET", RUNNER + "/files"): {"400", "503"},
-    ("GET", RUNNER + "/files/raw"): {"206", "400", "416", "503"},
+    ("GET", RUNNER + "/files"): {"400", "409", "503"},
+    ("GET", RUNNER + "/files/raw"): {"206", "400", "409", "416", "503"},
 }
+# 409 on list and download: a privileged one refuses a symbolic link on the
+# path (Poseidon follows it, as root). 415: a body without a JSON
+# Content-Type, which a browser could send cross-site (Poseidon reads any).
+for _operation in [("POST", "/runners"), ("PUT", ENV), ("POST", RUNNER + "/execute")]:
+    DEVIATIONS[_operation] = DEVIATIONS[_operation] | {"415"}
+DEVIATIONS[("PATCH", RUNNER + "/files")] |= {"415"}
 # Any operation: 413 for a body over 1 MiB, and the catch-all's 500 UNKNOWN (a code
 # Poseidon documents) where Poseidon lists no 500.
 ANYWHERE = {"413", "500"}

@@ -238,14 +238,16 @@ def test_invalid_claim_requests_are_400(api: Api, body: bytes, expected: str) ->
     assert expected in message
 
 
-def test_content_type_is_not_required(api: Api, env_id: int) -> None:
+def test_a_json_content_type_is_required(api: Api, env_id: int) -> None:
+    """Unlike Poseidon: a `text/plain` body is what a browser sends cross-site
+    without asking first (issue 24, finding 4)."""
     api.put_environment(env_id, prewarmingPoolSize=0)
-    for headers in ({}, {"Content-Type": "text/plain"}):
-        r = api.client.post(
-            f"{API}/runners",
-            content=dumps({"executionEnvironmentId": env_id}),
-            headers=headers,
-        )
+    body = dumps({"executionEnvironmentId": env_id})
+    for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+        r = api.client.post(f"{API}/runners", content=body, headers={"Content-Type": content_type})
+        assert error_of(r)[0] == 415
+    for content_type in ("application/json", "application/json; charset=utf-8"):
+        r = api.client.post(f"{API}/runners", content=body, headers={"Content-Type": content_type})
         assert error_of(r)[2] == "NOMAD_OVERLOAD"
 
 

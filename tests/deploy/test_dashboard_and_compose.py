@@ -103,10 +103,19 @@ def test_compose_builds_the_controller_from_this_repository() -> None:
     assert (DEPLOY / build["context"]).resolve() / build["dockerfile"] == DOCKERFILE
 
 
-def test_compose_controller_settings_are_ones_the_controller_reads() -> None:
+def controller_env() -> dict[str, str]:
+    """The controller's environment as compose makes it, a token exported."""
     env = {str(k): str(v) for k, v in SERVICES["controller"]["environment"].items()}
+    # `${VAR:?message}`: compose refuses to start without VAR (fail closed).
+    assert env["NRC_API_TOKEN"].startswith("${NRC_API_TOKEN:?")
+    return {**env, "NRC_API_TOKEN": "exported-token-0123456789"}
+
+
+def test_compose_controller_settings_are_ones_the_controller_reads() -> None:
+    env = controller_env()
     assert set(env) <= set(variables())
     settings = load_settings({**image_env(), **env})
+    assert settings.open_api_problem() is None
     assert urlsplit(settings.nomad_addr).hostname == "nomad"
     assert f"{settings.api_port}:{settings.api_port}" in SERVICES["controller"]["ports"]
 
@@ -128,5 +137,5 @@ def test_compose_prometheus_loads_the_shipped_files_and_scrapes_the_controller()
     targets = [
         t for job in config["scrape_configs"] for c in job["static_configs"] for t in c["targets"]
     ]
-    port = load_settings({**image_env(), **SERVICES["controller"]["environment"]}).api_port
+    port = load_settings({**image_env(), **controller_env()}).api_port
     assert targets == [f"controller:{port}"]

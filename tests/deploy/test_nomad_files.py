@@ -119,13 +119,22 @@ def test_every_interpolation_is_an_input_or_a_nomad_runtime_value() -> None:
 
 
 def test_the_job_and_the_image_make_a_valid_configuration() -> None:
-    env = {**image_env(), **rendered_env(), "NRC_API_TOKEN": "from-the-variable"}
+    env = {**image_env(), **rendered_env(), "NRC_API_TOKEN": "from-the-variable-0123"}
     settings = load_settings({k: v for k, v in env.items() if k.startswith(("NRC_", "NOMAD_"))})
     assert settings.leader_election
     assert settings.nomad_addr == "http://192.0.2.10:4646"
     assert settings.nomad_namespace == INPUTS["runner_namespace"]["default"]
     port = labelled(one(GROUP, "network"), "port")["http"]
     assert port["to"] == settings.api_port
+
+
+def test_without_its_variable_the_job_fails_to_start_rather_than_start_open() -> None:
+    """Issue 24, finding 3: the template renders no token when the variable
+    is missing; the image listens on every address, so `run` refuses."""
+    env = {**image_env(), **rendered_env()}
+    assert "NRC_API_TOKEN" not in env and "NRC_API_ALLOW_UNAUTHENTICATED" not in env
+    settings = load_settings({k: v for k, v in env.items() if k.startswith(("NRC_", "NOMAD_"))})
+    assert settings.open_api_problem() is not None
 
 
 def test_two_replicas_on_distinct_nodes_elect_a_leader() -> None:

@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -413,3 +414,71 @@ def test_the_codeocean_run_killed_for_memory(world: World) -> None:
     r = world.list_files(runner)
     assert r.status_code == 410
     assert "oom_killed" in r.json()["message"]
+
+
+def test_links_a_student_plants_never_redirect_a_file_operation(
+    world: World, tmp_path: Any
+) -> None:
+    """The attacks of issue 24 (finding 1 and 2), as a student's code makes them."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("v")
+    (outside / "secret").write_text("root only")
+    os.chmod(outside / "secret", 0o600)
+    runner = world.claim()
+    run = world.run(
+        runner,
+        f"ln -s {outside} out && ln -s {outside}/secret leak && mkdir -- -delete && touch keep",
+    )
+    assert run.last == {"type": "exit", "data": 0}, run.frames
+    r = world.patch_files(runner, {"out/pwned.txt": b"x", "out/new/": None})
+    assert (r.status_code, r.json()["message"]) == (
+        409,
+        "'out' is a symbolic link: file operations never follow one",
+    )
+    r = world.patch_files(runner, {}, delete=["out/victim.txt"])
+    assert r.status_code == 409 and "'out' is a symbolic link" in r.json()["message"]
+    r = requests.get(
+        world.url(f"/runners/{runner}/files/raw"),
+        params={"path": "leak", "privilegedExecution": "true"},
+        headers=AUTH,
+        timeout=30,
+    )
+    assert r.status_code == 409 and "'leak' is a symbolic link" in r.json()["message"]
+    r = world.list_files(runner, path="out/", privilegedExecution="true")
+    assert r.status_code == 409 and "'out' is a symbolic link" in r.json()["message"]
+    r = world.list_files(runner, path="-delete", privilegedExecution="true")
+    assert (r.status_code, r.json()) == (200, {"files": []})
+    assert sorted(p.name for p in outside.iterdir()) == ["secret", "victim.txt"]
+    assert "./keep" in world.files(runner)
+
+
+def test_a_hostile_range_is_400_or_416_never_500(world: World) -> None:
+    """Issue 24, finding 6: a 40 kB Range blocked the event loop for seconds,
+    a 5,000-digit one was a 500 with a traceback."""
+    runner = world.claim()
+    assert world.patch_files(runner, {"f": b"0123456789"}).status_code == 204
+    r = world.download(runner, "f", Range="bytes=" + " " * 40_000 + "0-1x")
+    assert r.status_code == 400 and "Range" in r.json()["message"]
+    assert world.download(runner, "f", Range="bytes=" + "9" * 5000 + "-").status_code == 400
+    assert world.download(runner, "f", Range="bytes=" + "9" * 100 + "-").status_code == 416
+    r = world.download(runner, "f", Range="bytes=2-" + "9" * 100)
+    assert (r.status_code, r.content) == (206, b"23456789")
+
+
+def test_a_stalled_upload_is_408_and_frees_its_runner(make_sim: Any) -> None:
+    """Issue 24, finding 6: a stalled body was held for ever, its runner in use."""
+    with world_with(make_sim, NRC_FILES_UPLOAD_IDLE_TIMEOUT="1s") as w:
+        runner = w.claim()
+        head = (
+            f"PATCH /api/v1/runners/{runner}/files HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{w.api.port}\r\nPoseidon-Token: {AUTH['Poseidon-Token']}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", w.api.port), timeout=10) as conn:
+            conn.sendall(head.encode() + b'{"copy": [')  # then nothing
+            started = time.monotonic()
+            answer = conn.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert time.monotonic() - started < 5
+        assert w.patch_files(runner, {"after": b"1"}).status_code == 204

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from controller.files.ranges import Span, Unsatisfiable, http_date, requested
+from controller.files.ranges import (
+    MAX_RANGE_HEADER,
+    RangeTooLong,
+    Span,
+    Unsatisfiable,
+    _spec,
+    http_date,
+    requested,
+)
 
 SIZE = 1000
 MTIME = 1_700_000_000
@@ -53,3 +63,43 @@ def test_if_range_serves_the_span_only_while_the_file_is_unchanged() -> None:
 
 def test_content_range() -> None:
     assert Span(900, 100).content_range(SIZE) == "bytes 900-999/1000"
+
+
+@pytest.mark.parametrize(
+    ("header", "span"),
+    [
+        ("bytes=" + "9" * 150 + "-", Unsatisfiable),
+        ("bytes=0-" + "9" * 150, Span(0, SIZE)),
+        ("bytes=-" + "9" * 150, Span(0, SIZE)),
+        ("bytes=" + "0" * 30 + "5-9", Span(5, 5)),
+        ("bytes=５-９", None),  # digits, but not ASCII ones
+    ],
+)
+def test_huge_numbers_are_never_converted(header: str, span: object) -> None:
+    assert len(header) <= MAX_RANGE_HEADER
+    if span is Unsatisfiable:
+        with pytest.raises(Unsatisfiable):
+            requested(header, SIZE, None, MTIME)
+    else:
+        assert requested(header, SIZE, None, MTIME) == span
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "bytes=" + " " * 40_000 + "0-1x",
+        "bytes=" + "0-1," * 10_000,
+        " " * 40_000 + "bytes=0-1",
+        "bytes=" + "9" * 5000 + "-",  # was a 500: an int of 5,000 digits
+    ],
+)
+def test_a_long_header_is_refused_at_once(header: str) -> None:
+    """It took 8.3 s of the event loop (a backtracking pattern) on main."""
+    started = time.perf_counter()
+    with pytest.raises(RangeTooLong):
+        requested(header, SIZE, None, MTIME)
+    assert time.perf_counter() - started < 0.5
+    # and the parse is linear in what it is given, converting nothing
+    started = time.perf_counter()
+    _spec(header)
+    assert time.perf_counter() - started < 0.5

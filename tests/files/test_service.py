@@ -102,16 +102,20 @@ async def test_a_copy_sends_the_preamble_then_the_archive() -> None:
     execs = FakeExecs([Exited(0)])
     await copy(execs, BODY)
     (session,) = execs.sessions
-    assert session.stdin.startswith(b"\0fa\0\0")  # no deletions; one check; then tar
-    assert session.stdin[5 : 5 + 100].rstrip(b"\0") == b"a"
+    # no deletions; one check; then the archive of `.`, its size first
+    assert session.stdin.startswith(b"\0fa\0\0.\x002048\0")
+    assert session.stdin[12 : 12 + 100].rstrip(b"\0") == b"a"
+    assert session.stdin.endswith(b"\0" * 1024 + b"\0")
     assert session.closed
     (command,) = execs.commands  # it exited: nothing to kill
     assert command[:2] == ["/bin/bash", "-c"] and command[2].endswith(scripts.COPY)
 
 
 async def test_a_conflict_names_the_path() -> None:
-    execs = FakeExecs([out(b"fa\0ddir\0"), Exited(scripts.CONFLICT)], eager=True)
-    with pytest.raises(Conflict, match=r"'a' is a directory.*'dir' is not a directory"):
+    execs = FakeExecs([out(b"fa\0ddir\0lout\0"), Exited(scripts.CONFLICT)], eager=True)
+    with pytest.raises(
+        Conflict, match=r"'a' is a directory.*'dir' is not a directory.*'out' is a symbolic link"
+    ):
         await copy(execs, BODY)
 
 
@@ -159,7 +163,7 @@ async def test_a_listing_streams_entries() -> None:
     listing = await Files(execs, Metrics()).listing("alloc", "./", True, False)
     entries = json.loads(await body_of(listing.body))["files"]
     assert [e["name"] for e in entries] == ["./a", "./a"]
-    assert execs.sessions[0].stdin == b"./\x001\x00"
+    assert execs.sessions[0].stdin == b"./\x001\x000\x00"  # path, recursive, not privileged
 
 
 async def test_a_listing_without_output_that_fails_is_not_found() -> None:
@@ -207,8 +211,8 @@ class Interactive(FakeExecs):
 
         async def events() -> AsyncIterator[ExecEvent]:
             yield out(f"{len(outer.content)} 1700000000\n".encode())
-            await session.stdin_closed.wait()  # the span follows the path
-            start, length = map(int, session.stdin.split(b"\0")[1].split())
+            await session.stdin_closed.wait()  # the span follows the path and the flag
+            start, length = map(int, session.stdin.split(b"\0")[2].split())
             data = outer.content[start : start + length]
             for at in range(0, len(data), 1024):
                 yield out(data[at : at + 1024])

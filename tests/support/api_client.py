@@ -24,7 +24,7 @@ from nomadsim import SimServer
 from tests.helpers import wait_until
 
 API = "/api/v1"
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-16ch"
 ROOT_URI = "urn:nrc-openapi"
 # How the API tests' controllers reach Nomad (`tests.support.controller.start_controller`
 # keywords): a short timeout, few and fast retries.
@@ -112,7 +112,8 @@ class ContractChecker:
 
 def client_for(app: FastAPI, **headers: str) -> TestClient:
     """A test client whose every response is checked against the app's OpenAPI."""
-    client = TestClient(app, headers=headers)
+    # Bodies are JSON (the API refuses others with 415), as platforms send them.
+    client = TestClient(app, headers={"Content-Type": "application/json", **headers})
     checker = ContractChecker(app.openapi())
 
     def check(response: httpx.Response) -> None:

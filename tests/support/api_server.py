@@ -14,7 +14,7 @@ from controller.service import Service, build
 from nomadsim import SimServer
 from tests.helpers import wait_until
 
-TOKEN = "e2e-token"
+TOKEN = "e2e-token-0123456789"
 
 
 def sim_settings(sim: SimServer, **environ: str) -> Settings:
