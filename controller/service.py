@@ -265,12 +265,6 @@ def serve(service: Service, on_started: Callable[[str], None] | None = None) -> 
     return 0
 
 
-def _secrets(settings: Settings) -> list[str]:
-    """The values no log line may show."""
-    nomad = settings.nomad_token.get_secret_value() if settings.nomad_token else None
-    return [s for s in (settings.api_auth_token, nomad) if s]
-
-
 class _StopBeforeServing(Exception):
     """SIGTERM or SIGINT before the API serves: nothing is in flight to drain."""
 
@@ -293,6 +287,12 @@ def _stoppable_start() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _secrets(settings: Settings) -> list[str]:
+    """The values no log line may show."""
+    nomad = settings.nomad_token.get_secret_value() if settings.nomad_token else None
+    return [s for s in (settings.api_auth_token, nomad) if s]
 
 
 def run(settings: Settings) -> int:

@@ -8,9 +8,8 @@
 - `runners`, `environments`, `executions`, `files`, `health`: the routes;
 - `openapi`: `/openapi.json` as the API answers;
 - `drain`: the graceful drain on SIGTERM (new work refused, the rest ends);
-- `guard`: browser defences (JSON content type, trusted Host, WebSocket Origin);
-- `uploads`: concurrent uploads and a stalled body's timeout;
-- `head_deadline`: the request-head deadline (slowloris).
+- `guard`: browser defences (trusted Host, JSON content type, WebSocket Origin);
+- `uploads`: bounds on uploads; `head_deadline`: a deadline on request heads.
 """
 
 from controller.api.app import create_app

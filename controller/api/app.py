@@ -7,9 +7,9 @@ itself: every route calls the controller, which owns all state.
 
 Layers, outermost first: `CatchAll` (500 UNKNOWN for anything unhandled),
 `TrustedHost` (400, `guard`), `DrainGate` (503 SHUTTING_DOWN for new work
-while the replica drains), `BodyLimit` (413), FastAPI's exception handlers
-(`controller.api.errors`), token authentication on the protected routers,
-then the routes.
+while the replica drains), `BodyLimit` (413), `UploadGate`, FastAPI's
+exception handlers (`controller.api.errors`), token authentication on the
+protected routers, then the routes.
 """
 
 from __future__ import annotations
@@ -82,10 +82,10 @@ def create_app(
     websocket_urls: WebSocketUrls | None = None,
     file_service: Files | None = None,
     max_upload_bytes: int = FileSettings().max_upload_bytes,
-    drain: Drain | None = None,
     allowed_hosts: frozenset[str] | None = None,
     allowed_origins: tuple[str, ...] = (),
     upload_settings: UploadSettings | None = None,
+    drain: Drain | None = None,
 ) -> FastAPI:
     """The API application; the caller runs it (uvicorn) and owns the controller.
     Without `execution`, executions end with an error frame (no Nomad exec).

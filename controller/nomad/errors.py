@@ -169,6 +169,11 @@ class ExecOverloaded(ExecRejected):
     reset before the upgrade) and kept refusing it through every retry."""
 
 
+class ExecServerError(ExecRejected):
+    """A 5xx answer to the handshake that is none of the final kinds (no
+    leader, a forwarding failure): transient, retried like a 5xx on a list."""
+
+
 class ConnectionsExhausted(ExecOverloaded):
     """The controller's own budget of connections to the agent is spent and
     its queue is full (controller.nomad.budget): the exec was not attempted,
@@ -216,6 +221,8 @@ def exec_refusal(status: int, body: str) -> ExecError:
         return TaskNotRunning(text, status)
     if kind is Kind.FORBIDDEN:
         return ExecForbidden(text, status)
+    if kind is Kind.SERVER:
+        return ExecServerError(text, status)
     return ExecRejected(text, status)
 
 
@@ -223,7 +230,7 @@ def is_transient_error(exc: BaseException) -> bool:
     """Whether the same request may succeed when sent again."""
     if isinstance(exc, ConnectionsExhausted):
         return False
-    if isinstance(exc, NomadUnavailable | ExecOverloaded | ExecUnreachable):
+    if isinstance(exc, NomadUnavailable | ExecOverloaded | ExecUnreachable | ExecServerError):
         return True
     return isinstance(exc, NomadAPIError) and exc.kind in TRANSIENT
 

@@ -34,13 +34,14 @@ import base64
 import binascii
 import codecs
 import contextlib
+import ipaddress
 import json
 import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlencode, urlsplit
 
 import tenacity
@@ -511,7 +512,16 @@ async def _dial(host: str, port: int, timeout_s: float) -> socket.socket:
     address tried in turn), so that "cannot connect" is told apart from a
     slow handshake."""
     loop = asyncio.get_running_loop()
-    infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout_s)
+    infos: list[tuple[Any, ...]]
+    try:
+        # An address literal (a node's HTTPAddr is one) needs no lookup, and
+        # the lookup would queue in the loop's small default thread pool.
+        literal = ipaddress.ip_address(host)
+        family = socket.AF_INET6 if literal.version == 6 else socket.AF_INET
+        infos = [(family, socket.SOCK_STREAM, 0, "", (host, port))]
+    except ValueError:
+        lookup = loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = list(await asyncio.wait_for(lookup, timeout_s))
     last: BaseException = OSError(f"no address for {host}:{port}")
     for family, kind, proto, _, address in infos:
         sock = socket.socket(family, kind, proto)

@@ -5,6 +5,7 @@ or a cut handshake is retried, then a typed error — never a bare exception."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -23,7 +24,7 @@ from controller.nomad.client import NomadClient
 from controller.nomad.errors import ConnectionsExhausted, ExecOverloaded, ExecUnreachable
 from controller.nomad.exec import ExecClient
 from nomadsim import SimServer
-from tests.helpers import runner_job, wait_until
+from tests.helpers import Http, runner_job, wait_until
 from tests.nomad.test_exec_node import Requests, run
 from tests.support.refusing_agent import RefusingAgent
 
@@ -146,3 +147,23 @@ def one_running(sim: SimServer) -> Allocation:
     alloc = wait_until(running)
     assert alloc is not None
     return alloc
+
+
+def test_the_http_pool_never_exceeds_its_share(make_sim: Callable[..., SimServer]) -> None:
+    sim = make_sim()
+    client = NomadClient(address=sim.address, connections=3)
+    index = client.list_jobs().index
+    threads = [
+        threading.Thread(target=lambda: client.list_jobs(index=index, wait_s=0.3))
+        for _ in range(12)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    entry = Http(sim.address).request("GET", "/_sim/connections").json()
+    (agent,) = (a for a in entry["HTTP"].values() if a["Address"] == sim.address)
+    # Twelve blocking queries at once went over three connections (the
+    # fourth below is this very request, opened after they ended).
+    assert agent["Peak"] <= 3 + 1, agent
+    assert agent["Refused"] == 0

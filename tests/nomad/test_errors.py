@@ -11,6 +11,7 @@ from controller.nomad.errors import (
     ExecForbidden,
     ExecOverloaded,
     ExecRejected,
+    ExecServerError,
     ExecUnreachable,
     IndexConflict,
     Kind,
@@ -123,7 +124,9 @@ def test_exec_close_frames(code: int, reason: str, expected: type) -> None:
         (500, "rpc error: Permission denied", ExecForbidden, False),
         (403, "Permission denied", ExecForbidden, False),
         (404, 'Unknown allocation "a1"', UnknownAllocation, False),
-        (500, "command is not valid JSON", ExecRejected, False),
+        (500, "rpc error: No cluster leader", ExecServerError, True),
+        (503, "", ExecServerError, True),
+        (400, "must provide task name", ExecRejected, False),
     ],
 )
 def test_exec_refusals(status: int, body: str, expected: type, transient: bool) -> None:
