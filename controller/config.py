@@ -797,6 +797,14 @@ class Settings(BaseSettings):
         description="Most bytes of all paths of one PATCH /files together (more is 400).",
         json_schema_extra=_allowed("an integer of 4096 or more (bytes)"),
     )
+    files_max_range_header: Integer = Field(
+        default=200,
+        alias="NRC_FILES_MAX_RANGE_HEADER",
+        ge=32,
+        description="Longest Range header of a download, in characters; longer is 400 before "
+        "it is parsed (one `bytes=first-last` needs under 50).",
+        json_schema_extra=_allowed("an integer of 32 or more"),
+    )
     files_max_concurrent_uploads: Integer = Field(
         default=8,
         alias="NRC_FILES_MAX_CONCURRENT_UPLOADS",
@@ -1069,6 +1077,7 @@ class Settings(BaseSettings):
             upload_limits=UploadLimits(
                 max_items=self.files_max_items, max_path_bytes=self.files_max_path_bytes
             ),
+            max_range_header=self.files_max_range_header,
         )
 
     def budget_settings(self) -> BudgetSettings:

@@ -135,9 +135,9 @@ def checked_path(value: str, name: str = "path") -> str:
     return value
 
 
-def checked_range(value: str | None) -> str | None:
+def checked_range(value: str | None, max_length: int) -> str | None:
     try:
-        return ranges.checked(value)
+        return ranges.checked(value, max_length)
     except ranges.RangeTooLong as exc:
         raise ApiError(400, str(exc)) from None
 
@@ -497,7 +497,7 @@ def router(
                 alloc_id,
                 checked_path(target),
                 go_bool(params.get("privilegedExecution"), False),
-                checked_range(request.headers.get("range")),
+                checked_range(request.headers.get("range"), files.max_range_header),
                 request.headers.get("if-range"),
             ),
         )

@@ -22,7 +22,8 @@ MAX_DIGITS = 19
 
 
 class RangeTooLong(ValueError):
-    """400: the Range header is longer than MAX_RANGE_HEADER."""
+    """400: the Range header is longer than its bound (NRC_FILES_MAX_RANGE_HEADER,
+    MAX_RANGE_HEADER by default)."""
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,10 @@ def http_date(epoch_s: int) -> str:
     return formatdate(epoch_s, usegmt=True)
 
 
-def checked(header: str | None) -> str | None:
+def checked(header: str | None, max_length: int = MAX_RANGE_HEADER) -> str | None:
     """The header, or RangeTooLong."""
-    if header is not None and len(header) > MAX_RANGE_HEADER:
-        raise RangeTooLong(f"the Range header is longer than {MAX_RANGE_HEADER} characters")
+    if header is not None and len(header) > max_length:
+        raise RangeTooLong(f"the Range header is longer than {max_length} characters")
     return header
 
 

@@ -38,7 +38,7 @@ from controller.execution.command import ExecSettings, kill_command
 from controller.execution.relay import Execs, Session
 from controller.files import listing, scripts
 from controller.files.listing import Entry, Records
-from controller.files.ranges import Span, Unsatisfiable, requested
+from controller.files.ranges import MAX_RANGE_HEADER, Span, Unsatisfiable, requested
 from controller.files.upload import Limits, Upload
 from controller.metrics import Metrics
 from controller.nomad.exec import ExecError, ExecEvent, Exited, Output
@@ -56,6 +56,7 @@ class FileSettings:
     exec: ExecSettings = field(default_factory=ExecSettings)
     max_upload_bytes: int = 100 * 1024 * 1024
     upload_limits: Limits = field(default_factory=Limits)
+    max_range_header: int = MAX_RANGE_HEADER
 
 
 class FileError(Exception):
@@ -155,6 +156,10 @@ class Files:
         self._settings = settings or FileSettings()
         self._wall_clock = wall_clock
         self._pending: set[asyncio.Task[None]] = set()
+
+    @property
+    def max_range_header(self) -> int:
+        return self._settings.max_range_header
 
     @property
     def upload_limits(self) -> Limits:

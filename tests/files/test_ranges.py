@@ -12,6 +12,7 @@ from controller.files.ranges import (
     Span,
     Unsatisfiable,
     _spec,
+    checked,
     http_date,
     requested,
 )
@@ -103,3 +104,12 @@ def test_a_long_header_is_refused_at_once(header: str) -> None:
     started = time.perf_counter()
     _spec(header)
     assert time.perf_counter() - started < 0.5
+
+
+def test_the_range_header_bound_is_the_operators() -> None:
+    header = "bytes=0-" + "1" * 300
+    with pytest.raises(RangeTooLong, match="longer than 200"):
+        checked(header)
+    assert checked(header, max_length=400) == header
+    with pytest.raises(RangeTooLong, match="longer than 32"):
+        checked("bytes=0-" + "9" * 30, max_length=32)
