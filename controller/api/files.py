@@ -45,13 +45,13 @@ from controller.files.paths import BadPath, to_bytes
 from controller.files.ranges import http_date
 from controller.files.service import (
     Conflict,
+    CopyFailed,
     ExecFailed,
-    Failed,
     FileError,
     Files,
     Interrupted,
-    NotFound,
     RangeNotSatisfiable,
+    Unreadable,
 )
 from controller.files.upload import BadUpload, parse
 from controller.model import RunnerView
@@ -319,12 +319,12 @@ def router(
             error = await exec_failed(runner_id, exc)
             count(operation, "lost" if error.status == 410 else "nomad_error")
             return error
-        if isinstance(exc, NotFound | Conflict | Failed):
+        if isinstance(exc, Unreadable | Conflict | CopyFailed):
             gone = await lost_meanwhile(runner_id, settle=not isinstance(exc, Conflict))
             if gone is not None:
                 count(operation, "lost")
                 return gone
-        if isinstance(exc, NotFound):
+        if isinstance(exc, Unreadable):
             count(operation, "not_found")
             return ApiError(424, exc.message)
         if isinstance(exc, Conflict):

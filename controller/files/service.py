@@ -2,7 +2,7 @@
 read. Each is one exec on the allocation the runner was claimed on, without
 a TTY; what the runner runs is in `scripts`.
 
-Errors say what the client can do about them: `NotFound` (424: the path is
+Errors say what the client can do about them: `Unreadable` (424: the path is
 missing or cannot be read, or is not a file), `Conflict` (409: a path is a
 directory where a file must go, or the other way round), `Failed` (500: the
 runner could not do it; its own words), `ExecFailed` (Nomad refused or broke
@@ -65,7 +65,7 @@ class FileError(Exception):
         self.message = message
 
 
-class NotFound(FileError):
+class Unreadable(FileError):
     pass
 
 
@@ -73,7 +73,7 @@ class Conflict(FileError):
     pass
 
 
-class Failed(FileError):
+class CopyFailed(FileError):
     pass
 
 
@@ -229,12 +229,12 @@ class Files:
         if result.code == scripts.CONFLICT:
             found = scripts.conflicts(bytes(result.stdout))
             raise Conflict("; ".join(_conflict_message(k, p) for k, p in found) or result.message())
-        raise Failed(f"copying failed: {result.message()}")
+        raise CopyFailed(f"copying failed: {result.message()}")
 
     # -- list ------------------------------------------------------------------------
 
     async def listing(self, alloc_id: str, path: str, recursive: bool, privileged: bool) -> Listing:
-        """The listing, once it is known to exist (NotFound otherwise)."""
+        """The listing, once it is known to exist (Unreadable otherwise)."""
         session = await self._open(
             alloc_id, lambda marker: scripts.list_command(privileged, self._settings.exec, marker)
         )
@@ -255,7 +255,7 @@ class Files:
                         _link_message(scripts.link_refused(bytes(result.stderr)) or path)
                     )
                 if result.code != 0:
-                    raise NotFound(f"{path!r} cannot be listed: {result.message()}")
+                    raise Unreadable(f"{path!r} cannot be listed: {result.message()}")
         return Listing(_Body(self._listing_body(session, events, first, path, recursive), session))
 
     async def _listing_body(
@@ -313,7 +313,7 @@ class Files:
         range_header: str | None = None,
         if_range: str | None = None,
     ) -> Download:
-        """The file's size and the body to stream; NotFound, or Unsatisfiable
+        """The file's size and the body to stream; Unreadable, or Unsatisfiable
         (with the size) for a range beyond its end."""
         session = await self._open(
             alloc_id, lambda marker: scripts.read_command(privileged, self._settings.exec, marker)
@@ -336,8 +336,8 @@ class Files:
                         _link_message(scripts.link_refused(bytes(result.stderr)) or path)
                     )
                 if result.code in (scripts.IS_DIRECTORY, scripts.NOT_REGULAR):
-                    raise NotFound(f"{path!r} is not a file: {result.message()}")
-                raise NotFound(f"{path!r} cannot be read: {result.message()}")
+                    raise Unreadable(f"{path!r} is not a file: {result.message()}")
+                raise Unreadable(f"{path!r} cannot be read: {result.message()}")
             line, _, rest = bytes(head).partition(b"\n")
             size, mtime = scripts.parse_stat(line)
             try:

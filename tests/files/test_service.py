@@ -16,12 +16,12 @@ from controller.execution.command import ExecSettings, kill_command
 from controller.files import scripts
 from controller.files.service import (
     Conflict,
+    CopyFailed,
     ExecFailed,
-    Failed,
     Files,
     Interrupted,
-    NotFound,
     RangeNotSatisfiable,
+    Unreadable,
 )
 from controller.files.upload import parse
 from controller.metrics import Metrics
@@ -121,7 +121,7 @@ async def test_a_conflict_names_the_path() -> None:
 
 async def test_a_failed_copy_gives_its_stderr() -> None:
     execs = FakeExecs([err(b"tar: a: Cannot open: Read-only file system\n"), Exited(1)])
-    with pytest.raises(Failed, match="Read-only file system"):
+    with pytest.raises(CopyFailed, match="Read-only file system"):
         await copy(execs, BODY)
 
 
@@ -168,7 +168,7 @@ async def test_a_listing_streams_entries() -> None:
 
 async def test_a_listing_without_output_that_fails_is_not_found() -> None:
     execs = FakeExecs([err(b"no such file or directory\n"), Exited(2)])
-    with pytest.raises(NotFound, match="no such file"):
+    with pytest.raises(Unreadable, match="no such file"):
         await Files(execs, Metrics()).listing("alloc", "x", True, False)
     assert execs.sessions[0].closed
 
@@ -253,7 +253,7 @@ async def test_a_download_that_ends_short_is_interrupted() -> None:
 )
 async def test_what_cannot_be_downloaded(code: int, message: str) -> None:
     execs = FakeExecs([err(b"why\n"), Exited(code)], eager=True)
-    with pytest.raises(NotFound, match=message):
+    with pytest.raises(Unreadable, match=message):
         await Files(execs, Metrics()).download("alloc", "f", False)
 
 
