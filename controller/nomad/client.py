@@ -34,7 +34,7 @@ import nomad.api.exceptions as nomad_exc
 import requests
 import tenacity
 
-from controller.nomad.connection import NomadConnection
+from controller.nomad.connection import NomadConnection, RequestHook, report_request
 from controller.nomad.decode import decode_allocation, decode_job_stub
 from controller.nomad.errors import (
     IndexConflict,
@@ -58,7 +58,6 @@ log = logging.getLogger(__name__)
 Outcome: TypeAlias = Literal["ok", "conflict", "error", "unavailable"]
 # (operation, outcome, HTTP status or "none", seconds) after every HTTP request,
 # retries included.
-RequestHook: TypeAlias = Callable[[str, str, str, float], None]
 # Decides whether an error answer is one the operation handles itself
 # (returning the outcome to report) instead of an error to raise or retry.
 Final: TypeAlias = Callable[[int, str], Outcome | None]
@@ -465,13 +464,7 @@ class NomadClient:
             self._report(operation, outcome, status, time.monotonic() - started)
 
     def _report(self, operation: str, outcome: Outcome, status: str, seconds: float) -> None:
-        if self._on_request is None:
-            return
-        try:
-            self._on_request(operation, outcome, status, seconds)
-        except Exception:
-            # A metrics hook must never turn a good answer into a failure.
-            log.exception("on_request hook failed for %s", operation)
+        report_request(self._on_request, operation, outcome, status, seconds)
 
     @staticmethod
     def _log_retry(state: tenacity.RetryCallState) -> None:

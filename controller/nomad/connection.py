@@ -17,8 +17,10 @@ scheme.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -99,3 +101,23 @@ class NomadConnection:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
         return context
+
+
+log = logging.getLogger(__name__)
+
+# (operation, outcome, status, seconds) of every request to Nomad, HTTP and
+# exec alike: the metrics' hook.
+RequestHook = Callable[[str, str, str, float], None]
+
+
+def report_request(
+    hook: RequestHook | None, operation: str, outcome: str, status: str, seconds: float
+) -> None:
+    """Tell the hook about one request; a failing hook never turns a good
+    answer into a failure."""
+    if hook is None:
+        return
+    try:
+        hook(operation, outcome, status, seconds)
+    except Exception:
+        log.exception("on_request hook failed for %s", operation)

@@ -199,31 +199,28 @@ def exec_error(code: int, reason: str) -> ExecError:
     text = reason or f"closed with code {code}"
     # A close frame carries no HTTP status: 1008 is Nomad's "client error",
     # 1011 its "server error"; the text decides.
-    kind = classify(500, reason)
-    if kind is Kind.NOT_FOUND:
-        return UnknownAllocation(text, code)
-    if kind is Kind.TASK_NOT_RUNNING:
-        return TaskNotRunning(text, code)
-    if kind is Kind.FORBIDDEN:
-        return ExecForbidden(text, code)
-    return ExecRejected(text, code)
+    return _CLOSED.get(classify(500, reason), ExecRejected)(text, code)
 
 
 def exec_refusal(status: int, body: str) -> ExecError:
     """An HTTP answer other than 101 to an exec handshake as a typed error."""
     text = body or f"Nomad answered {status}"
-    kind = classify(status, body)
-    if kind is Kind.OVERLOADED:
-        return ExecOverloaded(text, status)
-    if kind is Kind.NOT_FOUND:
-        return UnknownAllocation(text, status)
-    if kind is Kind.TASK_NOT_RUNNING:
-        return TaskNotRunning(text, status)
-    if kind is Kind.FORBIDDEN:
-        return ExecForbidden(text, status)
-    if kind is Kind.SERVER:
-        return ExecServerError(text, status)
-    return ExecRejected(text, status)
+    return _REFUSED.get(classify(status, body), ExecRejected)(text, status)
+
+
+# What an exec ended by each kind of error is: closed after the upgrade (a
+# close frame), or refused before it (an HTTP answer, which can also say
+# "too many" or "server error"); any other kind is ExecRejected.
+_CLOSED: dict[Kind, type[ExecError]] = {
+    Kind.NOT_FOUND: UnknownAllocation,
+    Kind.TASK_NOT_RUNNING: TaskNotRunning,
+    Kind.FORBIDDEN: ExecForbidden,
+}
+_REFUSED: dict[Kind, type[ExecError]] = {
+    **_CLOSED,
+    Kind.OVERLOADED: ExecOverloaded,
+    Kind.SERVER: ExecServerError,
+}
 
 
 def is_transient_error(exc: BaseException) -> bool:

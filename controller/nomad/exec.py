@@ -39,7 +39,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlencode, urlsplit
@@ -50,7 +50,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from controller.nomad.budget import AgentSlots
-from controller.nomad.connection import NomadConnection
+from controller.nomad.connection import NomadConnection, RequestHook, report_request
 from controller.nomad.errors import (
     ConnectionsExhausted,
     ExecBroken,
@@ -92,7 +92,6 @@ UNREACHABLE_NODE_S = 60.0
 # (operation, outcome, HTTP status or "none", seconds) after every handshake:
 # operation `exec_node` (on the node's agent), `exec` (the configured
 # address) or `exec_fallback` (the node's agent could not be reached).
-RequestHook = Callable[[str, str, str, float], None]
 # Nomad's output frames carry at most 1,024 bytes (4/3 of that in base64);
 # anything far larger is not Nomad talking.
 MAX_FRAME_BYTES = 1 << 20
@@ -481,12 +480,7 @@ class ExecClient:
             raise ExecUnreachable(f"could not reach Nomad for exec: {exc!r}") from None
 
     def _report(self, operation: str, outcome: str, status: str, seconds: float) -> None:
-        if self._on_request is None:
-            return
-        try:
-            self._on_request(operation, outcome, status, seconds)
-        except Exception:
-            log.exception("on_request hook failed for %s", operation)
+        report_request(self._on_request, operation, outcome, status, seconds)
 
     @contextlib.asynccontextmanager
     async def session(
