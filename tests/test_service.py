@@ -19,6 +19,7 @@ from websockets.sync.client import connect
 
 from nomadsim import SimServer
 from tests.helpers import wait_until
+from tests.support.api_client import environment_body
 from tests.support.controller import start_controller_process
 from tests.support.ports import free_port
 from tests.support.processes import ChildProcess, child_processes, clean_environ, python_module
@@ -94,15 +95,7 @@ def test_run_against_a_nomad_and_stop_on_sigterm(
     run = start_controller_process(processes, sim.address, settings, timeout=20)
     api = run.address
     auth = {"Authorization": "Bearer s3cret-token-16ch"}
-    body = {
-        "id": 3,
-        "image": "python:3.12",
-        "prewarmingPoolSize": 1,
-        "cpuLimit": 100,
-        "memoryLimit": 128,
-        "networkAccess": False,
-        "exposedPorts": [],
-    }
+    body = environment_body(3, prewarmingPoolSize=1)
     r = requests.put(f"{api}/api/v1/execution-environments/3", json=body, headers=auth, timeout=5)
     assert r.status_code == 201, r.text
     assert requests.get(f"{api}/api/v1/execution-environments", timeout=5).status_code == 401
@@ -128,15 +121,7 @@ def test_no_token_or_command_in_any_log_line_of_a_full_run_at_debug(
     run = start_controller_process(processes, sim.address, settings, timeout=30)
     api = f"{run.address}/api/v1"
     auth = {"Poseidon-Token": api_token}
-    body = {
-        "id": 4,
-        "image": "python:3.12",
-        "prewarmingPoolSize": 1,
-        "cpuLimit": 100,
-        "memoryLimit": 128,
-        "networkAccess": False,
-        "exposedPorts": [],
-    }
+    body = environment_body(4, prewarmingPoolSize=1)
     assert requests.put(f"{api}/execution-environments/4", json=body, headers=auth).ok
 
     def claim() -> str | None:
@@ -192,15 +177,7 @@ def test_a_request_head_that_never_ends_is_closed(
             time.sleep(1.5)  # longer than the head deadline, shorter than keep-alive's 5 s
     # and a WebSocket outlives the deadline: it is no longer waiting for a head
     api, auth = f"{run.address}/api/v1", {"Poseidon-Token": "s3cret-token-16ch"}
-    body = {
-        "id": 5,
-        "image": "python:3.12",
-        "prewarmingPoolSize": 1,
-        "cpuLimit": 100,
-        "memoryLimit": 128,
-        "networkAccess": False,
-        "exposedPorts": [],
-    }
+    body = environment_body(5, prewarmingPoolSize=1)
     assert requests.put(f"{api}/execution-environments/5", json=body, headers=auth).ok
 
     def claim() -> str | None:
@@ -303,15 +280,7 @@ def test_run_with_poseidons_hcl_template_file_builds_runners_from_it(
     # The HCL is parsed by Nomad (here the simulator's /v1/jobs/parse).
     settings = {"NRC_TEMPLATE_JOB_FILE": str(POSEIDON_HCL), "NRC_API_TOKEN": "s3cret-token-16ch"}
     run = start_controller_process(processes, sim.address, settings, timeout=20)
-    body = {
-        "id": 4,
-        "image": "python:3.12",
-        "prewarmingPoolSize": 1,
-        "cpuLimit": 20,
-        "memoryLimit": 256,
-        "networkAccess": False,
-        "exposedPorts": [],
-    }
+    body = environment_body(4, prewarmingPoolSize=1, cpuLimit=20, memoryLimit=256)
     auth = {"Authorization": "Bearer s3cret-token-16ch"}
     url = f"{run.address}/api/v1/execution-environments/4"
     assert requests.put(url, json=body, headers=auth, timeout=5).status_code == 201

@@ -20,6 +20,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from nomadsim import SimServer
 from tests.helpers import wait_until
+from tests.support.api_client import environment_body
 from tests.support.controller import controller_environ, start_controller_process
 from tests.support.ports import free_port
 from tests.support.processes import ChildProcess, child_processes, python_module
@@ -27,15 +28,7 @@ from tests.support.processes import ChildProcess, child_processes, python_module
 TOKEN = "drain-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 POOL = 4
-ENV: dict[str, Any] = {
-    "id": 7,
-    "image": "python:3.12",
-    "prewarmingPoolSize": POOL,
-    "cpuLimit": 100,
-    "memoryLimit": 128,
-    "networkAccess": False,
-    "exposedPorts": [],
-}
+ENV = environment_body(7, prewarmingPoolSize=POOL)
 
 
 @pytest.fixture
