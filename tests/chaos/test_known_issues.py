@@ -20,7 +20,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -31,15 +31,15 @@ from fastapi.testclient import TestClient
 
 from controller.api.app import create_app
 from controller.api.files import Streamed
-from controller.execution.relay import Session
 from controller.files.service import Files, Interrupted
 from controller.model import Environment, LossReason
 from controller.nomad.client import NomadClient
-from controller.nomad.exec import ExecClient, ExecEvent, Exited
+from controller.nomad.exec import ExecClient, Exited
 from controller.reconcile.loop import Controller, ControllerSettings
 from controller.reconcile.plan import Plan, PlanInput, plan
 from nomadsim import SimServer
 from tests.helpers import Http, runner_job, wait_until
+from tests.support.exec_fake import FakeExecs, Open, ScriptedSession
 
 MakeSim = Callable[..., SimServer]
 
@@ -276,35 +276,18 @@ def test_a_read_after_a_restart_is_not_424_when_nomad_reads_lag(make_sim: MakeSi
     assert answer.status_code in (410, 503), (answer.status_code, answer.text)
 
 
-class _KilledRead:
-    """An exec whose command is SIGKILLed before it prints anything (exit 137)."""
+def _task_stopped_under_the_exec(nomad: str) -> FakeExecs:
+    """Opens an exec, and meanwhile Nomad stops the allocation (a drain, a
+    stop): the task is killed, and the exec's command with it — SIGKILLed
+    before it prints anything (exit 137)."""
+    http = Http(nomad)
 
-    async def send(self, data: bytes) -> None:
-        pass
+    async def stop(opened: Open) -> None:
+        path = f"/v1/allocation/{opened.alloc_id}/stop"
+        stopped = await asyncio.to_thread(http.request, "POST", path)
+        assert stopped.status_code == 200, stopped.text
 
-    async def close_stdin(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-    async def events(self) -> AsyncIterator[ExecEvent]:
-        yield Exited(137)
-
-
-class _TaskStoppedUnderTheExec:
-    """Opens an exec, and meanwhile Nomad stops the allocation (a drain, a stop):
-    the task is killed, and the exec's command with it."""
-
-    def __init__(self, nomad: str) -> None:
-        self.http = Http(nomad)
-
-    async def open(
-        self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
-    ) -> Session:
-        stop = await asyncio.to_thread(self.http.request, "POST", f"/v1/allocation/{alloc_id}/stop")
-        assert stop.status_code == 200, stop.text
-        return _KilledRead()
+    return FakeExecs(lambda n, opened: ScriptedSession([Exited(137)]), meanwhile=stop)
 
 
 def test_a_read_killed_with_its_task_answers_410_not_424(make_sim: MakeSim) -> None:
@@ -312,7 +295,7 @@ def test_a_read_killed_with_its_task_answers_410_not_424(make_sim: MakeSim) -> N
     env = Environment(id=8, image="python:3.12", prewarming_pool_size=1)
     with filled_controller(sim, env) as c:
         runner = c.claims.claim(env.id, timeout_s=0)
-        files = Files(_TaskStoppedUnderTheExec(sim.address), c.metrics)
+        files = Files(_task_stopped_under_the_exec(sim.address), c.metrics)
         api = TestClient(create_app(c.pools, file_service=files))
         answer = api.get(f"/api/v1/runners/{runner.id}/files/raw?path=marker")
         # It was 424 "'marker' cannot be read: exit code 137".

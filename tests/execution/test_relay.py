@@ -6,18 +6,18 @@ against the simulator is in tests/e2e/test_executions.py."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import pytest
 
 from controller.execution.command import ExecSettings, ExecutionRequest, kill_command
 from controller.execution.frames import Frame, Released
-from controller.execution.relay import Relay, RelaySettings, Session
+from controller.execution.relay import Relay, RelaySettings
 from controller.execution.store import Execution
 from controller.metrics import Metrics
 from controller.model import LossReason
-from controller.nomad.exec import ExecBroken, ExecEvent, ExecRejected, Exited, Output
+from controller.nomad.exec import ExecBroken, ExecRejected, Exited, Output
+from tests.support.exec_fake import FakeExecs, Open, ScriptedSession, main_then_kills
 
 pytestmark = pytest.mark.anyio
 FAST = RelaySettings(
@@ -30,54 +30,10 @@ FAST = RelaySettings(
 )
 
 
-class FakeSession:
-    """An exec whose events come from a queue; `None` ends the stream with an exit code."""
-
-    def __init__(self, forever: bool = False) -> None:
-        self.events_queue: asyncio.Queue[ExecEvent | None] = asyncio.Queue()
-        self.stdin: list[bytes] = []
-        self.got_stdin = asyncio.Event()
-        self.closed = False
-        self.forever = forever  # ignores everything, never exits
-        self.consumed = 0
-
-    async def send(self, data: bytes) -> None:
-        self.stdin.append(data)
-        self.got_stdin.set()
-        if data == b"\x1c" and not self.forever:
-            await self.events_queue.put(Exited(131))
-
-    async def close_stdin(self) -> None:
-        pass
-
-    async def events(self) -> AsyncIterator[ExecEvent]:
-        while True:
-            event = await self.events_queue.get()
-            self.consumed += 1
-            if event is None:
-                return
-            yield event
-            if isinstance(event, Exited):
-                return
-
-    async def close(self) -> None:
-        self.closed = True
-
-
-@dataclass
-class FakeExecs:
-    main: FakeSession
-    opened: list[tuple[str, Sequence[str], bool]] = field(default_factory=list)
-
-    async def open(
-        self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
-    ) -> Session:
-        self.opened.append((alloc_id, command, tty))
-        if len(self.opened) == 1:
-            return self.main
-        kill = FakeSession()
-        await kill.events_queue.put(Exited(0))  # the kill exec ends at once
-        return kill
+def command(ends_on_quit: bool = True) -> ScriptedSession:
+    """The command's exec, fed by the test: by default a command that ends on
+    Ctrl-\\ (exit 131); otherwise one that ignores everything and never exits."""
+    return ScriptedSession(ends_on_quit=ends_on_quit)
 
 
 @dataclass
@@ -132,45 +88,47 @@ def execution(time_limit_s: int = 0) -> Execution:
     return Execution("e1", "7-r", ExecutionRequest("cat", time_limit_s=time_limit_s), 0.0)
 
 
-def relay(main: FakeSession, runners: FakeRunners) -> tuple[Relay, FakeExecs]:
-    execs = FakeExecs(main)
-    return Relay(execs, runners, Metrics(), FAST), execs
+def relay(
+    main: ScriptedSession, runners: FakeRunners, settings: RelaySettings = FAST
+) -> tuple[Relay, FakeExecs]:
+    execs = FakeExecs(main_then_kills(main))
+    return Relay(execs, runners, Metrics(), settings), execs
 
 
 async def test_frames_in_order_and_stdin_relayed() -> None:
-    main, runners, client = FakeSession(), FakeRunners(), FakeClient()
+    main, runners, client = command(), FakeRunners(), FakeClient()
     r, execs = relay(main, runners)
     task = asyncio.ensure_future(r.run(execution(), "alloc-1", client))
     await client.inbox.put(b"hello\n")
-    await main.events_queue.put(Output("stdout", b"hello\r\n"))
-    await main.got_stdin.wait()
-    await main.events_queue.put(Exited(0))
+    main.feed(Output("stdout", b"hello\r\n"))
+    await main.stdin_received()
+    main.feed(Exited(0))
     await task
     assert client.frames == [
         {"type": "start"},
         {"type": "stdout", "data": "hello\r\n"},
         {"type": "exit", "data": 0},
     ]
-    assert main.stdin == [b"hello\n"]
-    assert execs.opened[0][0] == "alloc-1" and execs.opened[0][2] is True
+    assert main.sent == [b"hello\n"]
+    assert execs.opened[0].alloc_id == "alloc-1" and execs.opened[0].tty is True
     assert client.closed.is_set() and main.closed and runners.uses_ended == 1
 
 
 async def test_a_command_that_cannot_be_ended_costs_the_runner() -> None:
-    main, runners, client = FakeSession(forever=True), FakeRunners(), FakeClient()
+    main, runners, client = command(ends_on_quit=False), FakeRunners(), FakeClient()
     r, execs = relay(main, runners)
     await r.run(execution(time_limit_s=1), "alloc-1", client)
     assert client.frames[-1] == {"type": "timeout"}
     assert runners.stopped == []  # not yet: Ctrl-\, the kill exec, then the grace
     await r.wait_background()
-    assert main.stdin == [b"\x1c"], "Ctrl-\\ first"
+    assert main.sent == [b"\x1c"], "Ctrl-\\ first"
     assert len(execs.opened) == 2, "then an exec that kills the marked processes"
     assert runners.stopped == [LossReason.EXECUTION_NOT_STOPPED]
     assert runners.uses_ended == 1
 
 
 async def test_a_command_that_ends_on_sigquit_keeps_the_runner() -> None:
-    main, runners, client = FakeSession(), FakeRunners(), FakeClient()
+    main, runners, client = command(), FakeRunners(), FakeClient()
     r, _ = relay(main, runners)
     await r.run(execution(time_limit_s=1), "alloc-1", client)
     await r.wait_background()
@@ -179,38 +137,38 @@ async def test_a_command_that_ends_on_sigquit_keeps_the_runner() -> None:
 
 
 async def test_a_client_that_leaves_gets_no_frame_and_the_command_is_stopped() -> None:
-    main, runners, client = FakeSession(), FakeRunners(), FakeClient()
+    main, runners, client = command(), FakeRunners(), FakeClient()
     r, execs = relay(main, runners)
     task = asyncio.ensure_future(r.run(execution(), "alloc-1", client))
     await client.inbox.put(None)
     await task
     await r.wait_background()
     assert client.frames == [{"type": "start"}]
-    assert main.stdin == [b"\x1c"] and len(execs.opened) == 2
+    assert main.sent == [b"\x1c"] and len(execs.opened) == 2
 
 
 async def test_a_shutdown_ends_a_running_execution_with_an_error_frame() -> None:
     """The drain's grace ran out (`Relay.end_all`): never a silent cut, and the
     command is stopped as on a timeout."""
-    main, runners, client = FakeSession(), FakeRunners(), FakeClient()
+    main, runners, client = command(), FakeRunners(), FakeClient()
     r, execs = relay(main, runners)
     task = asyncio.ensure_future(r.run(execution(), "alloc-1", client))
-    await main.events_queue.put(Output("stdout", b"working"))
+    main.feed(Output("stdout", b"working"))
     await asyncio.sleep(0.05)
     r.end_all()
     await task
     await r.wait_background()
     assert client.frames[-1]["type"] == "error"
     assert "shutting down" in client.frames[-1]["data"]
-    assert main.stdin == [b"\x1c"] and len(execs.opened) == 2, "Ctrl-\\, then the kill exec"
+    assert main.sent == [b"\x1c"] and len(execs.opened) == 2, "Ctrl-\\, then the kill exec"
     assert client.closed.is_set() and runners.uses_ended == 1
 
 
 async def test_a_loss_during_the_run_ends_it_with_the_reason() -> None:
-    main, runners, client = FakeSession(forever=True), FakeRunners(), FakeClient()
+    main, runners, client = command(ends_on_quit=False), FakeRunners(), FakeClient()
     r, _ = relay(main, runners)
     task = asyncio.ensure_future(r.run(execution(), "alloc-1", client))
-    await main.events_queue.put(Output("stdout", b"working"))
+    main.feed(Output("stdout", b"working"))
     await asyncio.sleep(0.05)
     runners.lost = LossReason.OOM_KILLED
     await task
@@ -223,11 +181,11 @@ async def test_a_loss_during_the_run_ends_it_with_the_reason() -> None:
 async def test_a_client_that_never_reads_holds_the_exec_back() -> None:
     """Backpressure: output waits in a bounded queue; Nomad's stream is not
     read further, so nothing grows without bound."""
-    main, runners, client = FakeSession(), FakeRunners(), FakeClient(reads=False)
+    main, runners, client = command(), FakeRunners(), FakeClient(reads=False)
     r, _ = relay(main, runners)
     task = asyncio.ensure_future(r.run(execution(), "alloc-1", client))
     for _ in range(10_000):
-        main.events_queue.put_nowait(Output("stdout", b"x" * 1024))
+        main.feed(Output("stdout", b"x" * 1024))
     await client.blocked.wait()
     await asyncio.sleep(0.1)
     # start + the queue + the frame in the writer's hands + one in the pump's
@@ -235,14 +193,6 @@ async def test_a_client_that_never_reads_holds_the_exec_back() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-
-
-class BrokenSession(FakeSession):
-    """An exec whose connection ends without Nomad's exit frame."""
-
-    async def events(self) -> AsyncIterator[ExecEvent]:
-        yield Output("stdout", b"partial")
-        raise ExecBroken("the connection to Nomad ended before the command's exit code")
 
 
 @pytest.mark.parametrize(
@@ -262,9 +212,17 @@ class BrokenSession(FakeSession):
 async def test_a_broken_exec_is_an_error_frame_or_poseidons_exit_0(
     exit_zero: bool, last: Frame
 ) -> None:
-    main, runners, client = BrokenSession(), FakeRunners(), FakeClient()
+    """An exec whose connection ends without Nomad's exit frame."""
+    main = ScriptedSession(
+        [
+            Output("stdout", b"partial"),
+            ExecBroken("the connection to Nomad ended before the command's exit code"),
+        ]
+    )
+    runners, client = FakeRunners(), FakeClient()
     settings = replace(FAST, broken_as_exit_zero=exit_zero)
-    await Relay(FakeExecs(main), runners, Metrics(), settings).run(execution(), "a", client)
+    r, _ = relay(main, runners, settings)
+    await r.run(execution(), "a", client)
     assert client.frames == [{"type": "start"}, {"type": "stdout", "data": "partial"}, last]
 
 
@@ -280,12 +238,11 @@ async def test_an_exit_by_signal_waits_the_loss_window_for_an_oom_kill(
 ) -> None:
     """Nomad learns of the OOM kill 0.3 s after the exec's exit 137: a window of
     1 s (Poseidon's) or more finds it, one of 0.05 s reports the exit code."""
-    main, runners, client = FakeSession(), FakeRunners(), FakeClient()
+    main, runners, client = command(), FakeRunners(), FakeClient()
     settings = replace(FAST, signal_loss_window_s=window_s)
-    task = asyncio.ensure_future(
-        Relay(FakeExecs(main), runners, Metrics(), settings).run(execution(), "a", client)
-    )
-    await main.events_queue.put(Exited(137))
+    r, _ = relay(main, runners, settings)
+    task = asyncio.ensure_future(r.run(execution(), "a", client))
+    main.feed(Exited(137))
 
     async def oom_reported_late() -> None:
         await asyncio.sleep(0.3)
@@ -297,35 +254,28 @@ async def test_an_exit_by_signal_waits_the_loss_window_for_an_oom_kill(
     assert client.frames[-1] == last
 
 
-@dataclass
-class HalfOpen:
-    """The command's exec is refused; the stderr reader's and the kill's open."""
+def half_open() -> FakeExecs:
+    """The command's exec is refused; the stderr reader's (a command waiting
+    for its other side) and the kill's (exits 0 at once) open."""
 
-    opened: list[tuple[Sequence[str], bool]] = field(default_factory=list)
+    def rule(n: int, opened: Open) -> ScriptedSession:
+        return ScriptedSession([Exited(0)]) if n > 2 else ScriptedSession()
 
-    async def open(
-        self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
-    ) -> Session:
-        self.opened.append((command, tty))
-        if tty:
-            raise ExecRejected("refused")
-        session = FakeSession()
-        if len(self.opened) > 2:
-            await session.events_queue.put(Exited(0))  # the kill ends at once
-        return session
+    return FakeExecs(rule, refuse=ExecRejected("refused"), refuse_at=1)
 
 
 @pytest.mark.parametrize(("uses", "sweep"), [(1, True), (2, False)])
 async def test_the_lone_side_of_a_half_opened_pair_is_killed(uses: int, sweep: bool) -> None:
     """The kill sweeps the unprivileged user's processes only when this
     execution is the runner's sole use; otherwise it keeps to the marker."""
-    execs, runners, client = HalfOpen(), FakeRunners(), FakeClient()
+    execs, runners, client = half_open(), FakeRunners(), FakeClient()
     runners.in_flight = uses
     settings = replace(FAST, exec=ExecSettings(separate_stderr=True))
     r = Relay(execs, runners, Metrics(), settings)
     await r.run(execution(), "a", client)
     await r.wait_background()
     assert client.frames[-1]["type"] == "error"
-    kill_argv, tty = execs.opened[-1]
-    assert not tty
-    assert kill_argv == kill_command("e1", settings.exec, sweep_user=sweep)
+    assert execs.opened[0].tty, "the command's exec is the one refused"
+    kill = execs.opened[-1]
+    assert not kill.tty
+    assert kill.command == kill_command("e1", settings.exec, sweep_user=sweep)

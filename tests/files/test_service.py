@@ -8,7 +8,7 @@ import asyncio
 import json
 import re
 import tempfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 import pytest
 
@@ -25,59 +25,42 @@ from controller.files.service import (
 )
 from controller.files.upload import parse
 from controller.metrics import Metrics
-from controller.nomad.exec import ExecBroken, ExecEvent, Exited, Output, TaskNotRunning
+from controller.nomad.exec import ExecBroken, ExecError, Exited, Output, TaskNotRunning
+from tests.support.exec_fake import FakeExecs, Open, ScriptedSession, Step
 
-Script = list[ExecEvent | Exception]
+Script = list[Step]
 pytestmark = pytest.mark.anyio
 
 
-class FakeSession:
-    """Plays `script` once the command's input has ended (or at once, `eager`)."""
-
-    def __init__(self, script: Script, eager: bool) -> None:
-        self.script = script
-        self.stdin = bytearray()
-        self.stdin_closed = asyncio.Event()
-        self.closed = False
-        if eager:
-            self.stdin_closed.set()
-
-    async def send(self, data: bytes) -> None:
-        self.stdin += data
-
-    async def close_stdin(self) -> None:
-        self.stdin_closed.set()
-
-    async def events(self) -> AsyncIterator[ExecEvent]:
-        await self.stdin_closed.wait()
-        for step in self.script:
-            if isinstance(step, Exception):
-                raise step
-            yield step
-            if isinstance(step, Exited):
-                return
-
-    async def close(self) -> None:
-        self.closed = True
+def marker_of(command: Sequence[str]) -> str:
+    found = re.search(r"NRC_EXECUTION_ID=(file-[0-9a-f]+)", " ".join(command))
+    assert found is not None, command
+    return found.group(1)
 
 
-class FakeExecs:
-    def __init__(self, script: Script, eager: bool = False, refuse: Exception | None = None):
-        self.script = script
-        self.eager = eager
-        self.refuse = refuse
-        self.sessions: list[FakeSession] = []
-        self.commands: list[Sequence[str]] = []
+def is_kill(command: Sequence[str]) -> bool:
+    """Whether `command` is the kill of a file operation (every exec of one carries its marker)."""
+    return list(command) == kill_command(marker_of(command), ExecSettings(), sweep_user=False)
 
-    async def open(
-        self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
-    ) -> FakeSession:
-        assert not tty
-        self.commands.append(command)
-        if self.refuse is not None:
-            raise self.refuse
-        self.sessions.append(FakeSession(self.script, self.eager))
-        return self.sessions[-1]
+
+def file_execs(
+    operation: Callable[[], ScriptedSession], refuse: ExecError | None = None
+) -> FakeExecs:
+    """Every file operation's exec is a new `operation()`; kill execs exit 0
+    at once. Nothing opens a TTY."""
+
+    def rule(n: int, opened: Open) -> ScriptedSession:
+        assert not opened.tty
+        return ScriptedSession([Exited(0)]) if is_kill(opened.command) else operation()
+
+    return FakeExecs(rule, refuse=refuse)
+
+
+def scripted(script: Script, eager: bool = False, refuse: ExecError | None = None) -> FakeExecs:
+    """Each operation plays `script` once the command's input has ended (or at once, `eager`)."""
+    if eager:
+        return file_execs(lambda: ScriptedSession(script), refuse)
+    return file_execs(lambda: ScriptedSession(after_stdin=script), refuse)
 
 
 def out(data: bytes) -> Output:
@@ -99,7 +82,7 @@ BODY = {"copy": [{"path": "a", "content": "aGk="}]}
 
 
 async def test_a_copy_sends_the_preamble_then_the_archive() -> None:
-    execs = FakeExecs([Exited(0)])
+    execs = scripted([Exited(0)])
     await copy(execs, BODY)
     (session,) = execs.sessions
     # no deletions; one check; then the archive of `.`, its size first
@@ -112,7 +95,7 @@ async def test_a_copy_sends_the_preamble_then_the_archive() -> None:
 
 
 async def test_a_conflict_names_the_path() -> None:
-    execs = FakeExecs([out(b"fa\0ddir\0lout\0"), Exited(scripts.CONFLICT)], eager=True)
+    execs = scripted([out(b"fa\0ddir\0lout\0"), Exited(scripts.CONFLICT)], eager=True)
     with pytest.raises(
         Conflict, match=r"'a' is a directory.*'dir' is not a directory.*'out' is a symbolic link"
     ):
@@ -120,26 +103,26 @@ async def test_a_conflict_names_the_path() -> None:
 
 
 async def test_a_failed_copy_gives_its_stderr() -> None:
-    execs = FakeExecs([err(b"tar: a: Cannot open: Read-only file system\n"), Exited(1)])
+    execs = scripted([err(b"tar: a: Cannot open: Read-only file system\n"), Exited(1)])
     with pytest.raises(CopyFailed, match="Read-only file system"):
         await copy(execs, BODY)
 
 
 @pytest.mark.parametrize("eager", [False, True])
 async def test_a_broken_exec_is_exec_failed(eager: bool) -> None:
-    execs = FakeExecs([ExecBroken("gone")], eager=eager)
+    execs = scripted([ExecBroken("gone")], eager=eager)
     with pytest.raises(ExecFailed):
         await copy(execs, BODY)
 
 
 async def test_a_refused_exec_is_exec_failed() -> None:
     with pytest.raises(ExecFailed) as failed:
-        await copy(FakeExecs([], refuse=TaskNotRunning("task not running")), BODY)
+        await copy(scripted([], refuse=TaskNotRunning("task not running")), BODY)
     assert isinstance(failed.value.error, TaskNotRunning)
 
 
 async def test_input_that_cannot_be_produced_does_not_leave_the_copy_waiting() -> None:
-    execs = FakeExecs([Exited(0)])  # would only answer after stdin closed
+    execs = scripted([Exited(0)])  # would only answer after stdin closed
     with tempfile.TemporaryFile() as spool:
         spool.write(json.dumps(BODY).encode())
         spool.flush()
@@ -159,7 +142,7 @@ RECORD = b"-rw-r--r--\x005\x001700000000.5\x00root\x00root\x00\x00a\x00"
 
 
 async def test_a_listing_streams_entries() -> None:
-    execs = FakeExecs([out(RECORD[:7]), out(RECORD[7:] + RECORD), Exited(0)])
+    execs = scripted([out(RECORD[:7]), out(RECORD[7:] + RECORD), Exited(0)])
     listing = await Files(execs, Metrics()).listing("alloc", "./", True, False)
     entries = json.loads(await body_of(listing.body))["files"]
     assert [e["name"] for e in entries] == ["./a", "./a"]
@@ -167,19 +150,19 @@ async def test_a_listing_streams_entries() -> None:
 
 
 async def test_a_listing_without_output_that_fails_is_not_found() -> None:
-    execs = FakeExecs([err(b"no such file or directory\n"), Exited(2)])
+    execs = scripted([err(b"no such file or directory\n"), Exited(2)])
     with pytest.raises(Unreadable, match="no such file"):
         await Files(execs, Metrics()).listing("alloc", "x", True, False)
     assert execs.sessions[0].closed
 
 
 async def test_an_empty_listing() -> None:
-    listing = await Files(FakeExecs([Exited(0)]), Metrics()).listing("alloc", "x", True, False)
+    listing = await Files(scripted([Exited(0)]), Metrics()).listing("alloc", "x", True, False)
     assert json.loads(await body_of(listing.body)) == {"files": []}
 
 
 async def test_a_listing_failing_after_output_keeps_what_it_has() -> None:
-    execs = FakeExecs([out(RECORD), err(b"find: 'x': Permission denied\n"), Exited(1)])
+    execs = scripted([out(RECORD), err(b"find: 'x': Permission denied\n"), Exited(1)])
     listing = await Files(execs, Metrics()).listing("alloc", "./", True, False)
     assert len(json.loads(await body_of(listing.body))["files"]) == 1
 
@@ -188,59 +171,43 @@ async def test_a_listing_failing_after_output_keeps_what_it_has() -> None:
     "tail", [[ExecBroken("gone")], [out(RECORD[:9]), Exited(0)]], ids=["broken", "half a record"]
 )
 async def test_a_listing_cut_off_is_interrupted(tail: Script) -> None:
-    execs = FakeExecs([out(RECORD), *tail])
+    execs = scripted([out(RECORD), *tail])
     listing = await Files(execs, Metrics()).listing("alloc", "./", True, False)
     with pytest.raises(Interrupted):
         await body_of(listing.body)
     assert execs.sessions[0].closed
 
 
-class Interactive(FakeExecs):
-    """A read script: the stat line at once, the bytes once the span was sent."""
+def interactive(content: bytes, tail: Script | None = None) -> FakeExecs:
+    """A read script: the stat line at once, the bytes once the span was sent
+    (the span follows the path and the flag), then `tail` (exit 0 by default)."""
 
-    def __init__(self, content: bytes, tail: Script | None = None) -> None:
-        super().__init__([])
-        self.content = content
-        self.tail = tail
+    def span(stdin: bytes) -> Script:
+        start, length = map(int, stdin.split(b"\0")[2].split())
+        data = content[start : start + length]
+        chunks: Script = [out(data[at : at + 1024]) for at in range(0, len(data), 1024)]
+        return chunks + (tail or [Exited(0)])
 
-    async def open(
-        self, alloc_id: str, task: str, command: Sequence[str], *, tty: bool = False
-    ) -> FakeSession:
-        session = await super().open(alloc_id, task, command, tty=tty)
-        outer = self
-
-        async def events() -> AsyncIterator[ExecEvent]:
-            yield out(f"{len(outer.content)} 1700000000\n".encode())
-            await session.stdin_closed.wait()  # the span follows the path and the flag
-            start, length = map(int, session.stdin.split(b"\0")[2].split())
-            data = outer.content[start : start + length]
-            for at in range(0, len(data), 1024):
-                yield out(data[at : at + 1024])
-            for step in outer.tail or [Exited(0)]:
-                if isinstance(step, Exception):
-                    raise step
-                yield step
-
-        session.events = events  # type: ignore[method-assign]
-        return session
+    stat = out(f"{len(content)} 1700000000\n".encode())
+    return file_execs(lambda: ScriptedSession([stat], after_stdin=span))
 
 
 async def test_a_download_sends_exactly_the_span() -> None:
     content = bytes(range(256)) * 100
-    file = await Files(Interactive(content), Metrics()).download("alloc", "f", False, "bytes=5-")
+    file = await Files(interactive(content), Metrics()).download("alloc", "f", False, "bytes=5-")
     assert (file.size, file.mtime, file.length) == (len(content), 1700000000, len(content) - 5)
     assert await body_of(file.body) == content[5:]
 
 
 async def test_a_range_beyond_the_end() -> None:
-    execs = Interactive(b"12345")
+    execs = interactive(b"12345")
     with pytest.raises(RangeNotSatisfiable) as refused:
         await Files(execs, Metrics()).download("alloc", "f", False, "bytes=5-")
     assert refused.value.size == 5
 
 
 async def test_a_download_that_ends_short_is_interrupted() -> None:
-    execs = Interactive(b"x" * 5000, tail=[ExecBroken("gone")])
+    execs = interactive(b"x" * 5000, tail=[ExecBroken("gone")])
     file = await Files(execs, Metrics()).download("alloc", "f", False)
     with pytest.raises(Interrupted):
         await body_of(file.body)
@@ -252,20 +219,14 @@ async def test_a_download_that_ends_short_is_interrupted() -> None:
     [(scripts.MISSING, "cannot be read"), (scripts.IS_DIRECTORY, "is not a file")],
 )
 async def test_what_cannot_be_downloaded(code: int, message: str) -> None:
-    execs = FakeExecs([err(b"why\n"), Exited(code)], eager=True)
+    execs = scripted([err(b"why\n"), Exited(code)], eager=True)
     with pytest.raises(Unreadable, match=message):
         await Files(execs, Metrics()).download("alloc", "f", False)
 
 
-def marker_of(command: Sequence[str]) -> str:
-    found = re.search(r"NRC_EXECUTION_ID=(file-[0-9a-f]+)", " ".join(command))
-    assert found is not None, command
-    return found.group(1)
-
-
 @pytest.mark.parametrize("eager", [False, True])
 async def test_a_copy_given_up_on_is_killed_by_its_marker(eager: bool) -> None:
-    execs = FakeExecs([ExecBroken("gone")], eager=eager)
+    execs = scripted([ExecBroken("gone")], eager=eager)
     files = Files(execs, Metrics())
     with tempfile.TemporaryFile() as spool:
         spool.write(json.dumps(BODY).encode())
@@ -279,7 +240,7 @@ async def test_a_copy_given_up_on_is_killed_by_its_marker(eager: bool) -> None:
 
 async def test_a_download_abandoned_midway_is_killed_but_a_finished_one_is_not() -> None:
     events: Script = [out(b"10 1700000000\n0123"), out(b"456789"), Exited(0)]
-    execs = FakeExecs(events, eager=True)
+    execs = scripted(events, eager=True)
     files = Files(execs, Metrics())
     whole = await files.download("alloc", "f", privileged=False)
     assert await body_of(whole.body) == b"0123456789"

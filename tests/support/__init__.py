@@ -3,6 +3,8 @@ here, never from conftest.py or from another test module. Fixtures stay in
 the conftest files and call into these modules:
 
 - `fake_nomad`: the in-memory Nomad of the unit tests;
+- `exec_fake`: the fake of Nomad's allocation exec (scripted sessions and
+  the opener that records and refuses them) for the relay and file tests;
 - `ports`, `processes`, `controller`: loopback ports, child processes, and
   controllers started in this process or as a child;
 - `sim`: the simulator's test timings;
