@@ -245,6 +245,42 @@ async def test_stdin_close_and_heartbeats_are_sent(nomad: tuple[Nomad, ExecClien
     assert got[-1] == {"stdin": {"close": True}}
 
 
+@pytest.mark.anyio
+async def test_after_the_exit_events_yield_nothing_and_closing_never_raises(
+    nomad: tuple[Nomad, ExecClient],
+) -> None:
+    """What tests/support/exec_fake.py's sessions copy."""
+    _, client = nomad
+    session = await client.open("alloc-1", "default-task", ["true"])
+    assert [e async for e in session.events()] == [Exited(0)]
+    assert [e async for e in session.events()] == []
+    await session.close_stdin()
+    await session.close()
+    await session.close()
+
+
+@pytest.mark.anyio
+async def test_a_session_closed_while_read_breaks_and_takes_no_input(
+    nomad: tuple[Nomad, ExecClient],
+) -> None:
+    """What tests/support/exec_fake.py's sessions copy: the command keeps
+    running (Nomad sends nothing), the client closes its side."""
+    fake, client = nomad
+
+    async def silent(ws: ServerConnection) -> None:
+        await ws.wait_closed()
+
+    fake.script = silent
+    session = await client.open("alloc-1", "default-task", ["sleep", "inf"])
+    reader = asyncio.ensure_future(anext(aiter(session.events())))
+    await session.close()
+    with pytest.raises(ExecBroken):
+        await reader
+    with pytest.raises(ExecBroken):
+        await session.send(b"input")
+    await session.close_stdin()
+
+
 def _address(client: ExecClient) -> str:
     return client.url("x", "t", [], False).split("/v1/")[0].replace("ws://", "http://")
 
