@@ -443,6 +443,17 @@ class Settings(BaseSettings):
         "loss of the runner (an OOM kill) before the exit code is sent; Poseidon waits 1s.",
         json_schema_extra=_allowed(f"a duration of 0 or more, {_DURATION_FORMS}", duration=True),
     )
+    loss_settle_s: Duration = Field(
+        default=0.85,
+        alias="NRC_LOSS_SETTLE",
+        ge=0,
+        le=60,
+        description="After an exec or file operation failed in a way a reset of the runner "
+        "could explain (a broken exec, a missing path), how long Nomad is read again for "
+        "the runner's loss before the failure is answered (reads at 0, 0.1, 0.25, 0.5 s, "
+        "then doubling, and at the end); Nomad's servers hear of a restart a little late.",
+        json_schema_extra=_allowed(f"a duration from 0 to 60s, {_DURATION_FORMS}", duration=True),
+    )
     execution_id_ttl_s: Duration = Field(
         default=300.0,
         alias="NRC_EXECUTION_ID_TTL",
@@ -1068,6 +1079,7 @@ class Settings(BaseSettings):
             ),
             broken_as_exit_zero=self.exec_broken_end == "exit0",
             signal_loss_window_s=self.exec_signal_loss_window_s,
+            loss_settle_s=self.loss_settle_s,
         )
 
     def file_settings(self) -> FileSettings:

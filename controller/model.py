@@ -196,6 +196,15 @@ class RunnerView:
     def node_name(self) -> str:
         return self.alloc.node_name if self.alloc else ""
 
+    @property
+    def loss(self) -> LossReason | None:
+        """Why a claimed runner is lost: the reason recorded in its claim, or a
+        reset derived from its allocations and not yet recorded; None when it
+        is not lost (or not claimed)."""
+        if self.job.claim is None:
+            return None
+        return self.job.claim.lost_reason or self.reset
+
 
 @dataclass(frozen=True)
 class Template:

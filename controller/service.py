@@ -24,7 +24,7 @@ from pydantic import SecretStr
 
 from controller.api import head_deadline
 from controller.api.app import create_app
-from controller.api.drain import Drain, run_drain
+from controller.api.drain import Drain, describe_uses, run_drain
 from controller.api.executions import WebSocketUrls
 from controller.api.guard import allowed_hosts
 from controller.api.uploads import UploadSettings
@@ -193,6 +193,8 @@ class _Server(uvicorn.Server):
             await asyncio.to_thread(controller.step_down)
 
         relay = service.relay
+        uses = controller.pools.uses
+        log.info("draining: runners in use: %s", describe_uses(uses.in_flight()))
         try:
             ended = await run_drain(
                 service.drain,
@@ -206,7 +208,7 @@ class _Server(uvicorn.Server):
                 "everything in flight ended"
                 if ended
                 else f"grace of {settings.shutdown_grace_s:g}s over, executions still running "
-                "ended",
+                f"ended; runners still in use: {describe_uses(uses.in_flight())}",
             )
         except Exception:
             log.exception("the drain failed; stopping now")

@@ -60,6 +60,7 @@ ALL_VARIABLES = [
     "NRC_EXEC_SEPARATE_STDERR",
     "NRC_EXEC_BROKEN_END",
     "NRC_EXEC_SIGNAL_LOSS_WINDOW",
+    "NRC_LOSS_SETTLE",
     "NRC_EXECUTION_ID_TTL",
     "NRC_FILES_MAX_UPLOAD",
     "NRC_TEMPLATE_MEMORY_RESERVATION",
@@ -379,8 +380,10 @@ def test_execution_settings() -> None:
             "NRC_EXEC_SEPARATE_STDERR": "false",
             "NRC_EXECUTION_ID_TTL": "1m",
             "NRC_API_WEBSOCKET_SCHEME": "WSS",
+            "NRC_LOSS_SETTLE": "2s",
         }
     )
+    assert s.execution_settings().loss_settle_s == 2.0
     assert s.execution_settings().exec.unprivileged_wrapper == ("/opt/my tools/su", "student")
     assert not s.execution_settings().exec.separate_stderr
     assert s.execution_settings().id_ttl_s == 60.0
@@ -511,6 +514,11 @@ LOCK_PATH = (
             "NRC_EXEC_TASK",
             "my task",
             'NRC_EXEC_TASK: must be a Nomad task name without whitespace (got "my task")',
+        ),
+        (
+            "NRC_LOSS_SETTLE",
+            "61s",
+            f'NRC_LOSS_SETTLE: must be a duration from 0 to 60s, {DURATION} (got "61s")',
         ),
         (
             "NRC_EXECUTION_ID_TTL",

@@ -6,6 +6,8 @@
 - `models`: the JSON bodies with Poseidon's field names;
 - `errors`: every error answer in one shape;
 - `runners`, `environments`, `executions`, `files`, `health`: the routes;
+- `file_params`: the file routes' parameters, read as Poseidon reads them;
+- `streamed`: responses streamed as produced, cut off when the body breaks;
 - `openapi`: `/openapi.json` as the API answers;
 - `drain`: the graceful drain on SIGTERM (new work refused, the rest ends);
 - `guard`: browser defences (trusted Host, JSON content type, WebSocket Origin);

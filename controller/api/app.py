@@ -21,7 +21,16 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from controller.api import environments, errors, executions, files, health, openapi, runners
+from controller.api import (
+    environments,
+    errors,
+    executions,
+    files,
+    health,
+    openapi,
+    runners,
+    streamed,
+)
 from controller.api.auth import require_token
 from controller.api.body import (
     MAX_BODY_BYTES,
@@ -106,11 +115,12 @@ def create_app(
         redirect_slashes=False,  # `/runners/` is an unknown route, not a redirect
     )
     protected: list[Any] = [] if api_token is None else [Depends(require_token(api_token))]
-    app.include_router(runners.router(pools, protected), prefix=API_PREFIX)
     execution = execution or default_executions(pools, None)
+    app.include_router(runners.router(pools, execution.runners, protected), prefix=API_PREFIX)
     app.include_router(
         executions.router(
             pools,
+            execution.runners,
             execution.relay,
             execution.store,
             protected,
@@ -123,13 +133,15 @@ def create_app(
     )
     file_service = file_service or Files(NoExec(), pools.metrics)
     app.include_router(
-        files.router(pools, file_service, protected, max_upload_bytes), prefix=API_PREFIX
+        files.router(execution.runners, file_service, pools.metrics, protected, max_upload_bytes),
+        prefix=API_PREFIX,
     )
     app.include_router(environments.router(pools, protected, max_pool_size), prefix=API_PREFIX)
     app.include_router(environments.statistics_router(pools, protected), prefix=API_PREFIX)
     app.include_router(health.api_router(pools, pool_alert_threshold, version), prefix=API_PREFIX)
     app.include_router(health.root_router(pools, drain))
     errors.install(app, pools)
+    streamed.install_log_filter()
 
     async def body_too_large(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, BodyTooLarge)

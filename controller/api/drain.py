@@ -28,12 +28,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from controller.api.errors import error_response
 from controller.api.models import ErrorCode
+from controller.reconcile.uses import InFlight
 
 # A client retries after this many seconds (on another replica, through its
 # load balancer, which has stopped routing here by then).
@@ -122,6 +124,12 @@ class DrainGate:
         finally:
             if counted:
                 self.drain.leave()
+
+
+def describe_uses(in_flight: Iterable[InFlight]) -> str:
+    """What is in flight, for the drain's log: "2 execution, 1 download"."""
+    counts = Counter(use.what for use in in_flight)
+    return ", ".join(f"{n} {what}" for what, n in sorted(counts.items())) or "nothing"
 
 
 async def run_drain(

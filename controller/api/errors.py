@@ -2,10 +2,16 @@
 
 - `ApiError` is raised by routes for the answers they decide on (400, 404, 410...);
   a draining replica's 503 SHUTTING_DOWN comes from `drain.DrainGate`.
+- A runner that cannot be used (`dataplane.runners.Unusable`) and a file
+  operation or exec that failed are answered from one table,
+  `controller.dataplane.answers` (`from_answer`).
 - Controller and Nomad exceptions map to Poseidon's codes: `NotLeader` → 503
   NOT_LEADER, `NomadUnavailable` → 500 NOMAD_UNREACHABLE, `NomadAPIError` →
-  500 NOMAD_INTERNAL_SERVER_ERROR. Messages never carry Nomad's own text;
-  that is logged instead.
+  500 NOMAD_INTERNAL_SERVER_ERROR.
+- The rule every answer follows: messages are ours. Nomad's own text (which
+  can name internal addresses or policies) is logged with the request or the
+  runner, never answered; a file operation's 409/424/500 carries what the
+  runner's own script saw (a path, "no such file"), which is the client's.
 - FastAPI's parameter validation errors become 400 (Poseidon's code, not 422),
   and Starlette's 404 / 405 take the same shape.
 - `CatchAll` is the last resort: any other exception is logged and answered
@@ -27,6 +33,8 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controller.api.models import Error, ErrorCode
+from controller.dataplane.answers import Answer
+from controller.dataplane.runners import Unusable
 from controller.nomad.gateway import NomadAPIError, NomadUnavailable
 from controller.reconcile.claims import NotLeader
 from controller.reconcile.facade import Pools
@@ -52,6 +60,12 @@ class ApiError(Exception):
         self.message = message
         self.code = code
         self.headers = dict(headers or {})
+
+
+def from_answer(answer: Answer) -> ApiError:
+    """The table's answer (`controller.dataplane.answers`) as an HTTP error."""
+    code = ErrorCode(answer.code) if answer.code is not None else None
+    return ApiError(answer.status, answer.message, code, dict(answer.headers))
 
 
 def error_response(
@@ -99,6 +113,11 @@ def install(app: FastAPI, controller: Pools) -> None:
         assert isinstance(exc, ApiError)
         return error_response(exc.status, exc.message, exc.code, exc.headers)
 
+    async def refused(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, Unusable)
+        error = from_answer(exc.answer)
+        return error_response(error.status, error.message, error.code, error.headers)
+
     async def not_leader(_: Request, __: Exception) -> JSONResponse:
         return error_response(503, not_leader_message(controller), ErrorCode.NOT_LEADER)
 
@@ -132,6 +151,7 @@ def install(app: FastAPI, controller: Pools) -> None:
         return error_response(exc.status_code, message, headers=headers)
 
     app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(Unusable, refused)
     app.add_exception_handler(NotLeader, not_leader)
     app.add_exception_handler(NomadUnavailable, nomad_unavailable)
     app.add_exception_handler(NomadAPIError, nomad_api_error)

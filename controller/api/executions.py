@@ -22,10 +22,16 @@ from starlette.websockets import WebSocketDisconnect
 
 from controller.api.auth import headers_offer
 from controller.api.body import json_body, request_body
-from controller.api.errors import ApiError, error_response, not_leader_message, responses
+from controller.api.errors import (
+    ApiError,
+    error_response,
+    from_answer,
+    not_leader_message,
+    responses,
+)
 from controller.api.guard import origin_allowed
 from controller.api.models import ErrorCode, ExecutionCreated, ExecutionRequest
-from controller.api.runners import claimed_runner, expired_message
+from controller.dataplane.runners import ClaimedRunners, Unusable
 from controller.execution.command import ExecutionRequest as Command
 from controller.execution.frames import Frame, encode
 from controller.execution.relay import Relay
@@ -108,6 +114,7 @@ class _Client:
 
 def router(
     controller: Pools,
+    runners: ClaimedRunners,
     relay: Relay,
     store: ExecutionStore,
     dependencies: list[Any],
@@ -131,7 +138,7 @@ def router(
         dependencies=dependencies,
     )
     def execute(runnerId: RunnerId, body: ExecutionBody, request: Request) -> ExecutionCreated:
-        claimed_runner(controller, runnerId)
+        runners.claimed(runnerId)
         try:
             execution = store.add(
                 runnerId,
@@ -167,43 +174,42 @@ def router(
     async def websocket(websocket: WebSocket, runnerId: str) -> None:
         if not origin_allowed(websocket.headers.get("origin"), allowed_origins):
             # A web page's script, whatever it holds: browsers send Origin.
-            await _deny(websocket, 403, "this Origin may not connect (NRC_API_ALLOWED_ORIGINS)")
+            await _deny(
+                websocket, ApiError(403, "this Origin may not connect (NRC_API_ALLOWED_ORIGINS)")
+            )
             return
         if api_token is not None and not headers_offer(websocket.headers, api_token):
-            await _deny(websocket, 401, "authentication required: send the API token")
+            await _deny(websocket, ApiError(401, "authentication required: send the API token"))
             return
         try:
-            view = await run_in_threadpool(claimed_runner, controller, runnerId)
+            view = await run_in_threadpool(runners.claimed, runnerId)
+            execution = store.take(runnerId, websocket.query_params.get("executionID", ""))
+            if execution is None:
+                raise ApiError(404, "execution id unknown, already used or expired")
+            use = runners.begin(view, "execution")
+        except Unusable as refused:
+            await _deny(websocket, from_answer(refused.answer))
+            return
         except ApiError as exc:
-            await _deny(websocket, exc.status, exc.message, exc.code)
+            await _deny(websocket, exc)
             return
         except NotLeader:
-            await _deny(websocket, 503, not_leader_message(controller), ErrorCode.NOT_LEADER)
-            return
-        execution_id = websocket.query_params.get("executionID", "")
-        execution = store.take(runnerId, execution_id)
-        if execution is None:
-            await _deny(websocket, 404, "execution id unknown, already used or expired")
+            await _deny(
+                websocket, ApiError(503, not_leader_message(controller), ErrorCode.NOT_LEADER)
+            )
             return
         claim = view.job.claim
         assert claim is not None
-        if not controller.begin_use(runnerId):
-            await _deny(websocket, 410, expired_message(runnerId, claim.timeout))
-            return
-        try:
+        async with use:
             await websocket.accept()
-        except Exception:
-            controller.end_use(runnerId)
-            raise
-        await relay.run(execution, claim.alloc_id, _Client(websocket))
+            await relay.run(execution, claim.alloc_id, _Client(websocket), use)
 
     return api
 
 
-async def _deny(
-    websocket: WebSocket, status: int, message: str, code: ErrorCode | None = None
-) -> None:
-    response = error_response(status, message, code)
-    if status == 401:
+async def _deny(websocket: WebSocket, error: ApiError) -> None:
+    """The refusal as a plain HTTP answer before the upgrade."""
+    response = error_response(error.status, error.message, error.code, error.headers)
+    if error.status == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
     await websocket.send_denial_response(response)

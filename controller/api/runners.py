@@ -5,6 +5,8 @@ EnforceIndex write). Every request that touches a claimed runner restarts its
 inactivity timer. A runner whose file system was reset while claimed (migrated,
 restarted, OOM-killed, rescheduled, its node lost) is *lost*: it answers 410
 with the reason until the client deletes it, which acknowledges the loss.
+Whether a runner may be used is decided by `dataplane.runners.ClaimedRunners`
+for these routes, executions and files alike.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Response
 
 from controller.api.body import json_body, request_body
-from controller.api.errors import ApiError, responses
+from controller.api.errors import ApiError, from_answer, responses
 from controller.api.models import (
     ErrorCode,
     MappedPort,
@@ -24,9 +26,10 @@ from controller.api.models import (
     RunnerRequest,
     RunnerStatus,
 )
-from controller.model import SECOND, LossReason, RunnerView
-from controller.nomad.gateway import IndexConflict, NomadAPIError, NomadUnavailable
-from controller.reconcile.claims import NoRunnerAvailable, NotLeader, UnknownEnvironment
+from controller.dataplane import answers
+from controller.dataplane.runners import ClaimedRunners
+from controller.model import SECOND
+from controller.reconcile.claims import NoRunnerAvailable, UnknownEnvironment
 from controller.reconcile.facade import Pools
 
 log = logging.getLogger(__name__)
@@ -39,21 +42,6 @@ RunnerId = Annotated[
 RunnerBody = Annotated[RunnerRequest, Depends(json_body(RunnerRequest))]
 
 
-def lost_message(runner_id: str, reason: LossReason) -> str:
-    return f"runner {runner_id} was lost: {reason.value} ({reason.description})"
-
-
-def gone_message(runner_id: str) -> str:
-    return f"runner {runner_id} is unknown or was released"
-
-
-def expired_message(runner_id: str, timeout_s: int) -> str:
-    return (
-        f"runner {runner_id} was released: it was inactive for its whole inactivity "
-        f"timeout ({timeout_s} s)"
-    )
-
-
 def claimed_at(ns: int) -> datetime | None:
     if ns <= 0:
         return None  # adopted from Poseidon: the claim time is unknown
@@ -61,37 +49,7 @@ def claimed_at(ns: int) -> datetime | None:
     return datetime.fromtimestamp(seconds, UTC) + timedelta(microseconds=rest // 1000)
 
 
-def claimed_runner(controller: Pools, runner_id: str) -> RunnerView:
-    """The claimed runner, touched (its inactivity timer starts again), or 410;
-    only a serving replica answers (its timers count). Blocking: a loss the
-    controller has derived is written to Nomad before it is told."""
-    if not controller.ready():
-        raise NotLeader
-    view = controller.lookup(runner_id)
-    if view is None or view.job.claim is None:
-        raise ApiError(410, gone_message(runner_id))
-    # A reset the controller has derived but not yet written down is a loss
-    # already: never serve the claim from the replacement allocation. It is
-    # recorded in Nomad before the client hears it, so every later answer
-    # (from any controller) names the same reason.
-    if view.job.claim.lost_reason is not None or view.reset is not None:
-        try:
-            reason = controller.record_loss(view)
-        except (NomadUnavailable, NomadAPIError, IndexConflict) as exc:
-            raise ApiError(
-                503,
-                f"runner {runner_id} was reset; recording its loss in Nomad failed ({exc}): retry",
-                ErrorCode.NOMAD_UNREACHABLE,
-            ) from None
-        if reason is None:
-            raise ApiError(410, gone_message(runner_id))
-        raise ApiError(410, lost_message(runner_id, reason))
-    if not controller.touch(runner_id):
-        raise ApiError(410, expired_message(runner_id, view.job.claim.timeout))
-    return view
-
-
-def router(controller: Pools, dependencies: list[Any]) -> APIRouter:
+def router(controller: Pools, runners: ClaimedRunners, dependencies: list[Any]) -> APIRouter:
     api = APIRouter(prefix="/runners", tags=["runner"], dependencies=dependencies)
 
     @api.post(
@@ -142,7 +100,7 @@ def router(controller: Pools, dependencies: list[Any]) -> APIRouter:
         responses=responses(410, 503),
     )
     def show(runnerId: RunnerId) -> RunnerStatus:
-        view = claimed_runner(controller, runnerId)
+        view = runners.claimed(runnerId)
         claim = view.job.claim
         assert claim is not None
         return RunnerStatus(
@@ -173,7 +131,7 @@ def router(controller: Pools, dependencies: list[Any]) -> APIRouter:
         runner_id = runnerId
         view = controller.lookup(runner_id)
         if not controller.release(runner_id):
-            raise ApiError(410, gone_message(runner_id))
+            raise from_answer(answers.ended(runner_id, None))
         env_id = view.env_id if view else None
         log.info(
             "released runner %s of environment %s",

@@ -6,6 +6,5 @@ WebSocket frames.
 - `frames`: Nomad's exec events → Poseidon's frames (pure);
 - `store`: one-shot execution ids between `POST /execute` and the connect;
 - `relay`: one execution, from the connect to the terminal frame;
-- `runners`: what an execution asks of the controller (loss, use, stop);
 - `service`: the parts one API needs, wired together.
 """

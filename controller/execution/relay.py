@@ -39,10 +39,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from controller.dataplane import answers
+from controller.dataplane.answers import Look
+from controller.dataplane.runners import Ended, Unrecorded, Verdict
 from controller.execution.command import (
     ExecSettings,
     kill_command,
@@ -68,11 +71,11 @@ from controller.nomad.exec import (
     ExecError,
     ExecEvent,
     ExecForbidden,
-    ExecOverloaded,
     Exited,
     Output,
     StreamClosed,
 )
+from controller.reconcile.uses import RunnerUse
 
 log = logging.getLogger(__name__)
 
@@ -102,24 +105,24 @@ class Execs(Protocol):
 
 
 class Runners(Protocol):
-    """What an execution needs to know and do about its runner."""
+    """What an execution needs to know and do about its runner
+    (`controller.dataplane.runners.ClaimedRunners`)."""
 
-    def loss(self, runner_id: str) -> LossReason | Released | None:
-        """A reset (derived or recorded) or the runner gone; None while it is fine."""
+    settle_s: float  # how long a failure waits for a loss to show
 
-    def record_loss(self, runner_id: str) -> LossReason | Released:
-        """Write a derived loss to Nomad (blocking); what Nomad then records."""
+    def ended(self, runner_id: str) -> bool:
+        """A loss or release shows in what the controller has read (no read)."""
 
-    def refresh(self) -> None:
-        """Read Nomad now (blocking)."""
-
-    def end_use(self, runner_id: str) -> None: ...
+    async def verdict(self, runner_id: str, *, read: bool = True, settle_s: float = 0.0) -> Verdict:
+        """The claim's end as Nomad records it (the loss written first), after
+        reading Nomad again over `settle_s` unless `read` is false; None while
+        the runner is still claimed."""
 
     def uses(self, runner_id: str) -> int:
         """Executions and file operations in flight on the runner (begun, not ended)."""
 
-    def stop_runner(self, runner_id: str, reason: LossReason) -> None:
-        """End the claim with `reason` and stop the runner's job (blocking)."""
+    async def stop(self, runner_id: str, reason: LossReason) -> None:
+        """End the claim with `reason` and stop the runner's job."""
 
 
 class Client(Protocol):
@@ -140,7 +143,6 @@ class RelaySettings:
     quit_grace_s: float = 1.0  # Ctrl-\ → SIGKILL of the marked processes
     stop_grace_s: float = 3.0  # limit → runner stopped if the exec still runs
     stderr_drain_s: float = 1.0  # after the exit: stderr still arriving
-    settle_s: float = 2.0  # an abnormal end waits this long for a loss to show
     loss_poll_s: float = 0.2
     # Where we differ from Poseidon, as settings (README, "Migrating from Poseidon"):
     # an exit by a signal (>= 128) looks for a loss this long (Poseidon: 1 s, for 128);
@@ -157,24 +159,25 @@ class Relay:
         runners: Runners,
         metrics: Metrics,
         settings: RelaySettings | None = None,
-        to_thread: Callable[..., Awaitable[object]] = asyncio.to_thread,
     ) -> None:
         self._execs = execs
         self._runners = runners
         self._metrics = metrics
         self.settings = settings or RelaySettings()
-        self._to_thread = to_thread
         self._background: set[asyncio.Task[None]] = set()
         # Set by `end_all`: every execution running ends with SHUTTING_DOWN.
         self._ending = asyncio.Event()
 
-    async def run(self, execution: Execution, alloc_id: str, client: Client) -> None:
-        """Relay one execution; the caller has called `begin_use` on its runner
-        (this ends it) and accepted the client's WebSocket (this closes it)."""
+    async def run(
+        self, execution: Execution, alloc_id: str, client: Client, use: RunnerUse
+    ) -> None:
+        """Relay one execution. `use` is the runner's use for it: the relay ends
+        it (or hands it on to the background stop of a command that must not go
+        on). The caller has accepted the client's WebSocket; this closes it."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         self._metrics.executions_active.inc()
-        run = _Run(self, execution, alloc_id, client)
+        run = _Run(self, execution, alloc_id, client, use)
         result = "error"
         try:
             result = await run.run()
@@ -208,6 +211,7 @@ class _Run:
     execution: Execution
     alloc_id: str
     client: Client
+    use: RunnerUse  # ended with the run, or handed on to the background stop
     queue: asyncio.Queue[Frame | None] = field(init=False)
     translator: Translator = field(default_factory=Translator)
     discard: bool = False  # the client is done: output is read and dropped
@@ -228,7 +232,6 @@ class _Run:
         writer = asyncio.ensure_future(self._write())
         helpers: list[asyncio.Future[Any]] = []
         streams: list[asyncio.Task[int]] = []
-        handed_over = False  # the background stop owns the exec and the runner's use
         try:
             await self._put(START)
             try:
@@ -253,7 +256,6 @@ class _Run:
             elif watch in done:
                 outcome = watch.result()
             else:
-                handed_over = True
                 self._stop_in_background(main, err)
                 if stdin in done:  # the client left
                     self.client_gone = True
@@ -267,12 +269,14 @@ class _Run:
             writer.cancel()
             raise
         finally:
-            for task in [*helpers, *([] if handed_over else streams)]:
+            # Handed on: the background stop owns the execs and the runner's use.
+            handed_on = self.use.ended
+            for task in [*helpers, *([] if handed_on else streams)]:
                 task.cancel()
             await self._close_queue(writer)
-            if not handed_over:
+            if not handed_on:
                 await self._close_sessions()
-                self.relay._runners.end_use(self.runner_id)
+                self.use.end()
             with contextlib.suppress(Exception):
                 await self.client.close()
 
@@ -349,22 +353,11 @@ class _Run:
         runners = self.relay._runners
         while True:
             await asyncio.sleep(self.relay.settings.loss_poll_s)
-            if runners.loss(self.runner_id) is not None:
-                recorded = await self._try_recorded()
-                if recorded is not None:
-                    return recorded
-
-    async def _try_recorded(self) -> Outcome | None:
-        """The loss as Nomad records it (written now if need be); None when it
-        cannot be recorded yet (Nomad failing, or the loss no longer shows):
-        the caller looks again rather than tell a reason Nomad does not hold."""
-        try:
-            recorded = await self.relay._to_thread(self.relay._runners.record_loss, self.runner_id)
-        except Exception as exc:
-            log.info("loss of runner %s not recorded yet: %s", self.runner_id, exc)
-            return None
-        assert isinstance(recorded, LossReason | Released)
-        return Lost(recorded) if isinstance(recorded, LossReason) else recorded
+            if runners.ended(self.runner_id):
+                # Told only once Nomad records it; until then, look again.
+                verdict = await runners.verdict(self.runner_id, read=False)
+                if isinstance(verdict, Ended):
+                    return _ended_as(verdict)
 
     # -- how it ended -----------------------------------------------------------------
 
@@ -387,43 +380,33 @@ class _Run:
             return outcome
         if code >= 128:
             # Killed by a signal: perhaps with its allocation (OOM, drain, stop).
-            lost = await self._settled_loss(self.relay.settings.signal_loss_window_s)
-            if lost is not None:
-                return lost
+            window = self.relay.settings.signal_loss_window_s
+            verdict = await self.relay._runners.verdict(self.runner_id, settle_s=window)
+            if isinstance(verdict, Ended):
+                return _ended_as(verdict)
         return Exit(code)
 
     async def _explain(self, exc: ExecError) -> Outcome:
-        if isinstance(exc, ExecOverloaded):
-            # Refused before anything ran: the runner is fine, Nomad (or our
-            # own connection budget) is busy.
-            log.warning("execution on runner %s not started: %s", self.runner_id, exc.reason)
-            return Failed(
-                f"Nomad is overloaded, the command was not started; try again: {exc.reason}"
-            )
-        if isinstance(exc, ExecForbidden):
-            log.error("Nomad refused the exec (the token needs alloc-exec): %s", exc.reason)
-            return Failed(f"Nomad refused to run the command: {exc.reason}")
-        lost = await self._settled_loss(self.relay.settings.settle_s)
-        if lost is not None:
-            return lost
-        log.warning("execution on runner %s failed: %s", self.runner_id, exc.reason)
-        return Failed(f"Error executing the request: {exc.reason}")
-
-    async def _settled_loss(self, wait_s: float) -> Outcome | None:
-        """A loss of the runner, looking again at Nomad for up to `wait_s`."""
+        """The outcome of an exec Nomad refused or broke off: the runner's loss
+        if it was lost meanwhile, else the answer table's message."""
+        answer = answers.exec_failure(exc, "command")
         runners = self.relay._runners
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while True:
-            with contextlib.suppress(Exception):
-                await self.relay._to_thread(runners.refresh)
-            if runners.loss(self.runner_id) is not None:
-                recorded = await self._try_recorded()
-                if recorded is not None:
-                    return recorded
-            if loop.time() >= deadline:
-                return None
-            await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
+        if answer.look is not Look.NONE:
+            settle_s = runners.settle_s if answer.look is Look.SETTLE else 0.0
+            verdict = await runners.verdict(self.runner_id, settle_s=settle_s)
+            if isinstance(verdict, Ended):
+                return _ended_as(verdict)
+            if isinstance(verdict, Unrecorded):
+                answer = verdict.answer(self.runner_id)
+        log.log(
+            logging.ERROR if isinstance(exc, ExecForbidden) else logging.WARNING,
+            "execution on runner %s failed: %s (Nomad: %s)",
+            self.runner_id,
+            answer.message,
+            exc.reason,
+            extra={"runner_id": self.runner_id},
+        )
+        return Failed(f"Error executing the request: {answer.message}")
 
     async def _finish(self, outcome: Outcome) -> None:
         for frame in self.translator.finish(outcome):
@@ -433,9 +416,11 @@ class _Run:
 
     def _stop_in_background(self, main: asyncio.Task[int], err: asyncio.Task[int] | None) -> None:
         self.discard = True
-        self.relay.background(self._stop(main, err))
+        self.relay.background(self._stop(main, err, self.use.hand_on()))
 
-    async def _stop(self, main: asyncio.Task[int], err: asyncio.Task[int] | None) -> None:
+    async def _stop(
+        self, main: asyncio.Task[int], err: asyncio.Task[int] | None, use: RunnerUse
+    ) -> None:
         settings = self.relay.settings
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settings.stop_grace_s
@@ -456,17 +441,13 @@ class _Run:
                     extra={"runner_id": self.runner_id},
                 )
                 with contextlib.suppress(Exception):
-                    await self.relay._to_thread(
-                        self.relay._runners.stop_runner,
-                        self.runner_id,
-                        LossReason.EXECUTION_NOT_STOPPED,
-                    )
+                    await self.relay._runners.stop(self.runner_id, LossReason.EXECUTION_NOT_STOPPED)
         finally:
             main.cancel()
             if err is not None:
                 err.cancel()
             await self._close_sessions()
-            self.relay._runners.end_use(self.runner_id)
+            use.end()
 
     async def _kill_marked(self) -> None:
         """End the execution's processes (`command.kill_command`): all of the
@@ -537,6 +518,10 @@ class _Run:
                 # Gone: keep emptying the queue so nobody blocks on it.
                 self.client_gone = True
                 self.discard = True
+
+
+def _ended_as(verdict: Ended) -> Outcome:
+    return Released() if verdict.reason is None else Lost(verdict.reason)
 
 
 def _result(outcome: Outcome) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from controller.dataplane.runners import ClaimedRunners
 from controller.execution.command import ExecSettings, command_size
 from controller.execution.relay import Execs, Relay, RelaySettings, Session
-from controller.execution.runners import ControllerRunners
 from controller.execution.store import ExecutionStore, Limits
 from controller.nomad.exec import ExecRejected
 from controller.reconcile.facade import Pools
@@ -22,12 +22,14 @@ class ExecutionSettings:
     broken_as_exit_zero: bool = False
     signal_loss_window_s: float = 0.5
     limits: Limits = field(default_factory=Limits)
+    loss_settle_s: float = 0.85  # NRC_LOSS_SETTLE, for executions and files alike
 
 
 @dataclass
 class Executions:
     relay: Relay
     store: ExecutionStore
+    runners: ClaimedRunners  # the file routes ask the same one
 
 
 class NoExec:
@@ -44,9 +46,10 @@ def executions(
     controller: Pools, execs: Execs | None, settings: ExecutionSettings | None = None
 ) -> Executions:
     s = settings or ExecutionSettings()
+    runners = ClaimedRunners(controller, s.loss_settle_s)
     relay = Relay(
         execs if execs is not None else NoExec(),
-        ControllerRunners(controller),
+        runners,
         controller.metrics,
         RelaySettings(
             exec=s.exec,
@@ -57,4 +60,4 @@ def executions(
     store = ExecutionStore(
         controller.clock, s.id_ttl_s, s.limits, lambda request: command_size(request, s.exec)
     )
-    return Executions(relay, store)
+    return Executions(relay, store, runners)

@@ -4,5 +4,6 @@ claimed on; the pure parts (paths, the upload's manifest, the tar stream, the
 commands, the listing's records, byte ranges) are tested without Nomad.
 
 - `paths`, `upload`, `tar`, `scripts`, `listing`, `ranges`: the pure parts;
+- `errors`: how an operation fails;
 - `service`: the three operations as Nomad execs.
 """

@@ -2,12 +2,8 @@
 read. Each is one exec on the allocation the runner was claimed on, without
 a TTY; what the runner runs is in `scripts`.
 
-Errors say what the client can do about them: `Unreadable` (424: the path is
-missing or cannot be read, or is not a file), `Conflict` (409: a path is a
-directory where a file must go, or the other way round), `Failed` (500: the
-runner could not do it; its own words), `ExecFailed` (Nomad refused or broke
-off the exec: the caller checks whether the runner was lost). A stream cut
-off after its answer started raises `Interrupted`: the server then ends the
+Failures raise the errors of `controller.files.errors`; a stream cut off
+after its answer started raises `Interrupted`: the server then ends the
 response early, so the client sees an incomplete body, never a short one
 that looks whole.
 
@@ -37,6 +33,14 @@ from typing import Any
 from controller.execution.command import ExecSettings, kill_command
 from controller.execution.relay import Execs, Session
 from controller.files import listing, scripts
+from controller.files.errors import (
+    Conflict,
+    CopyFailed,
+    ExecFailed,
+    Interrupted,
+    RangeNotSatisfiable,
+    Unreadable,
+)
 from controller.files.listing import Entry, Records
 from controller.files.ranges import MAX_RANGE_HEADER, Span, Unsatisfiable, requested
 from controller.files.upload import Limits, Upload
@@ -57,40 +61,6 @@ class FileSettings:
     max_upload_bytes: int = 100 * 1024 * 1024
     upload_limits: Limits = field(default_factory=Limits)
     max_range_header: int = MAX_RANGE_HEADER
-
-
-class FileError(Exception):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-class Unreadable(FileError):
-    pass
-
-
-class Conflict(FileError):
-    pass
-
-
-class CopyFailed(FileError):
-    pass
-
-
-class Interrupted(FileError):
-    pass
-
-
-class RangeNotSatisfiable(FileError):
-    def __init__(self, size: int) -> None:
-        super().__init__(f"the range lies beyond the file's {size} bytes")
-        self.size = size
-
-
-class ExecFailed(FileError):
-    def __init__(self, error: ExecError) -> None:
-        super().__init__(error.reason)
-        self.error = error
 
 
 @dataclass

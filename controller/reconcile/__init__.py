@@ -3,7 +3,7 @@
 - `snapshot`, `specs`, `heard`, `reads`, `observe`: what the controller knows
   of Nomad, and how it reads it;
 - `derive`, `plan` (pure), `expectations`, `act`, `writes`: from views to writes;
-- `claims`: claim, release, touch;
+- `claims`: claim, release, touch; `uses`: a runner's uses as tokens, and their registry;
 - `queue`, `worker`, `reconciler`, `ratelimit`: the loop's machinery;
 - `prewarming`: adaptive pool sizes wired in;
 - `leader`: leader election; `facade`: `Pools`, all the API uses;

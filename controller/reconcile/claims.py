@@ -38,6 +38,7 @@ from controller.nomad import jobs
 from controller.nomad.gateway import IndexConflict, NomadAPIError, NomadGateway, NomadUnavailable
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.observe import Observer
+from controller.reconcile.uses import RunnerUse, Uses
 from controller.reconcile.writes import SpecWriter
 
 log = logging.getLogger(__name__)
@@ -116,8 +117,8 @@ class Claims:
         self._activity: dict[str, int] = {}
         # Claims whose release for inactivity is decided: final, touches refused.
         self._expiring: set[str] = set()
-        # Executions running per runner: a runner in use is never inactive.
-        self._busy: dict[str, int] = {}
+        # Executions and file operations in flight: a runner in use is never inactive.
+        self.uses = Uses(on_end=self._use_ending)
         # Claims this process handed out (runner id → claimed_at), to check that
         # Nomad never shows them taken over by another writer or idle again.
         self._handed: dict[str, int] = {}
@@ -275,30 +276,20 @@ class Claims:
             self._activity[runner_id] = self._clock.now_ns()
             return True
 
-    def begin_use(self, runner_id: str) -> bool:
-        """An execution starts on the runner: its timer stays fresh until
-        `end_use`. False (and nothing started) when it already expired."""
+    def begin_use(self, runner_id: str, what: str) -> RunnerUse | None:
+        """A use of the runner (an execution, a file operation) starts: its
+        timer stays fresh until the use ends. None (and nothing started) when
+        the runner already expired."""
         with self._lock:
             if runner_id in self._expiring:
-                return False
-            self._busy[runner_id] = self._busy.get(runner_id, 0) + 1
-            return True
+                return None
+            return self.uses.begin(runner_id, what)
 
-    def end_use(self, runner_id: str) -> None:
-        """An execution ended: the timer counts again from now."""
+    def _use_ending(self, runner_id: str) -> None:
+        """A use ends: the timer counts again from now."""
         with self._lock:
-            left = self._busy.get(runner_id, 0) - 1
-            if left > 0:
-                self._busy[runner_id] = left
-            else:
-                self._busy.pop(runner_id, None)
             if runner_id not in self._expiring:
                 self._activity[runner_id] = self._clock.now_ns()
-
-    def uses(self, runner_id: str) -> int:
-        """Uses of the runner begun and not yet ended (executions, file operations)."""
-        with self._lock:
-            return self._busy.get(runner_id, 0)
 
     def begin_expiry(self, view: RunnerView, now_ns: int) -> bool:
         """Decide the release of an expired claim; False if it is not (or no
@@ -320,7 +311,7 @@ class Claims:
             if v.job.claim is None:
                 continue
             floor = max(v.job.claim.claimed_at, self._started_ns)
-            if v.id in self._busy:
+            if self.uses.busy(v.id):
                 floor = max(floor, self._clock.now_ns())
             out[v.id] = max(self._activity.get(v.id, 0), floor)
         return out

@@ -25,6 +25,7 @@ from controller.reconcile.plan import PoolCounts, count_pool
 from controller.reconcile.prewarming import Prewarmer
 from controller.reconcile.reconciler import PoolReconciler
 from controller.reconcile.snapshot import Snapshot
+from controller.reconcile.uses import RunnerUse, Uses
 from controller.reconcile.writes import SpecWriter
 
 
@@ -177,11 +178,11 @@ class Pools:
     def write_loss(self, view: RunnerView, reason: LossReason) -> LossReason | None:
         return self._claims.write_loss(view, reason)
 
-    def begin_use(self, runner_id: str) -> bool:
-        return self._claims.begin_use(runner_id)
+    def begin_use(self, runner_id: str, what: str) -> RunnerUse | None:
+        """A token for a use of the runner (None: it expired); see `uses`."""
+        return self._claims.begin_use(runner_id, what)
 
-    def end_use(self, runner_id: str) -> None:
-        self._claims.end_use(runner_id)
-
-    def uses(self, runner_id: str) -> int:
-        return self._claims.uses(runner_id)
+    @property
+    def uses(self) -> Uses:
+        """The uses in flight: per runner, and all of them."""
+        return self._claims.uses

@@ -11,9 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from controller.api import create_app
-from controller.api.drain import Drain, run_drain
+from controller.api.drain import Drain, describe_uses, run_drain
 from controller.nomad.client import NomadClient
 from controller.reconcile.loop import Controller
+from controller.reconcile.uses import InFlight
 from tests.support.api_client import API, client_for
 
 RUNNER = "1-0f0c1e2d-3b4a-4c5d-8e6f-7a8b9c0d1e2f"
@@ -110,3 +111,13 @@ def test_run_drain_ends_nothing_when_the_work_ends_within_the_grace() -> None:
         return done and not ended
 
     assert asyncio.run(scenario())
+
+
+def test_the_drain_says_which_uses_are_in_flight() -> None:
+    in_flight = [
+        InFlight("7-a", "execution"),
+        InFlight("7-b", "download"),
+        InFlight("7-a", "execution"),
+    ]
+    assert describe_uses(in_flight) == "1 download, 2 execution"
+    assert describe_uses([]) == "nothing"

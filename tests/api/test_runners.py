@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from controller.api.runners import claimed_at, lost_message
+from controller.api.runners import claimed_at
+from controller.dataplane.answers import lost_message
 from controller.model import SECOND, LossReason
 from tests.helpers import Http, runner_job, wait_until
 from tests.support.api_client import API, Api, dumps, error_of

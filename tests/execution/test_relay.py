@@ -10,13 +10,15 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
+from controller.dataplane.runners import Ended, Verdict, read_times
 from controller.execution.command import ExecSettings, ExecutionRequest, kill_command
-from controller.execution.frames import Frame, Released
+from controller.execution.frames import Frame
 from controller.execution.relay import Relay, RelaySettings
 from controller.execution.store import Execution
 from controller.metrics import Metrics
 from controller.model import LossReason
 from controller.nomad.exec import ExecBroken, ExecRejected, Exited, Output
+from controller.reconcile.uses import RunnerUse, Uses
 from tests.support.exec_fake import FakeExecs, Open, ScriptedSession, main_then_kills
 
 pytestmark = pytest.mark.anyio
@@ -25,7 +27,6 @@ FAST = RelaySettings(
     quit_grace_s=0.05,
     stop_grace_s=0.3,
     stderr_drain_s=0.05,
-    settle_s=0.2,
     loss_poll_s=0.02,
 )
 
@@ -38,28 +39,42 @@ def command(ends_on_quit: bool = True) -> ScriptedSession:
 
 @dataclass
 class FakeRunners:
+    """The runner: lost when `lost` is set (Nomad, read again, shows it at
+    once); its uses counted by the real registry."""
+
     lost: LossReason | None = None
+    others: int = 0  # other uses of the runner in flight (file operations, executions)
+    settle_s: float = 0.2
     stopped: list[LossReason] = field(default_factory=list)
-    uses_ended: int = 0
-    in_flight: int = 1  # uses of the runner begun and not ended, this one included
+    ended_uses: list[str] = field(default_factory=list)
+    registry: Uses = field(init=False)
 
-    def loss(self, runner_id: str) -> LossReason | Released | None:
-        return self.lost
+    def __post_init__(self) -> None:
+        self.registry = Uses(on_end=self.ended_uses.append)
 
-    def record_loss(self, runner_id: str) -> LossReason | Released:
-        assert self.lost is not None
-        return self.lost
+    def use(self) -> RunnerUse:
+        return self.registry.begin("7-r", "execution")
 
-    def refresh(self) -> None:
-        pass
+    @property
+    def uses_ended(self) -> int:
+        return len(self.ended_uses)
 
-    def end_use(self, runner_id: str) -> None:
-        self.uses_ended += 1
+    def ended(self, runner_id: str) -> bool:
+        return self.lost is not None
+
+    async def verdict(self, runner_id: str, *, read: bool = True, settle_s: float = 0.0) -> Verdict:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for at in read_times(settle_s) if read else (0.0,):
+            await asyncio.sleep(max(0.0, start + at - loop.time()))
+            if self.lost is not None:
+                return Ended(self.lost)
+        return None
 
     def uses(self, runner_id: str) -> int:
-        return self.in_flight
+        return self.registry.count(runner_id) + self.others
 
-    def stop_runner(self, runner_id: str, reason: LossReason) -> None:
+    async def stop(self, runner_id: str, reason: LossReason) -> None:
         self.stopped.append(reason)
 
 
@@ -98,7 +113,7 @@ def relay(
 async def test_frames_in_order_and_stdin_relayed() -> None:
     main, runners, client = command(), FakeRunners(), FakeClient()
     r, execs = relay(main, runners)
-    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client))
+    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client, runners.use()))
     await client.inbox.put(b"hello\n")
     main.feed(Output("stdout", b"hello\r\n"))
     await main.stdin_received()
@@ -117,9 +132,10 @@ async def test_frames_in_order_and_stdin_relayed() -> None:
 async def test_a_command_that_cannot_be_ended_costs_the_runner() -> None:
     main, runners, client = command(ends_on_quit=False), FakeRunners(), FakeClient()
     r, execs = relay(main, runners)
-    await r.run(execution(time_limit_s=1), "alloc-1", client)
+    await r.run(execution(time_limit_s=1), "alloc-1", client, runners.use())
     assert client.frames[-1] == {"type": "timeout"}
     assert runners.stopped == []  # not yet: Ctrl-\, the kill exec, then the grace
+    assert runners.uses(execution().runner_id) == 1, "the background stop holds the use"
     await r.wait_background()
     assert main.sent == [b"\x1c"], "Ctrl-\\ first"
     assert len(execs.opened) == 2, "then an exec that kills the marked processes"
@@ -130,7 +146,7 @@ async def test_a_command_that_cannot_be_ended_costs_the_runner() -> None:
 async def test_a_command_that_ends_on_sigquit_keeps_the_runner() -> None:
     main, runners, client = command(), FakeRunners(), FakeClient()
     r, _ = relay(main, runners)
-    await r.run(execution(time_limit_s=1), "alloc-1", client)
+    await r.run(execution(time_limit_s=1), "alloc-1", client, runners.use())
     await r.wait_background()
     assert client.frames[-1] == {"type": "timeout"}
     assert runners.stopped == [] and runners.uses_ended == 1
@@ -139,7 +155,7 @@ async def test_a_command_that_ends_on_sigquit_keeps_the_runner() -> None:
 async def test_a_client_that_leaves_gets_no_frame_and_the_command_is_stopped() -> None:
     main, runners, client = command(), FakeRunners(), FakeClient()
     r, execs = relay(main, runners)
-    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client))
+    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client, runners.use()))
     await client.inbox.put(None)
     await task
     await r.wait_background()
@@ -152,7 +168,7 @@ async def test_a_shutdown_ends_a_running_execution_with_an_error_frame() -> None
     command is stopped as on a timeout."""
     main, runners, client = command(), FakeRunners(), FakeClient()
     r, execs = relay(main, runners)
-    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client))
+    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client, runners.use()))
     main.feed(Output("stdout", b"working"))
     await asyncio.sleep(0.05)
     r.end_all()
@@ -167,7 +183,7 @@ async def test_a_shutdown_ends_a_running_execution_with_an_error_frame() -> None
 async def test_a_loss_during_the_run_ends_it_with_the_reason() -> None:
     main, runners, client = command(ends_on_quit=False), FakeRunners(), FakeClient()
     r, _ = relay(main, runners)
-    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client))
+    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client, runners.use()))
     main.feed(Output("stdout", b"working"))
     await asyncio.sleep(0.05)
     runners.lost = LossReason.OOM_KILLED
@@ -183,7 +199,7 @@ async def test_a_client_that_never_reads_holds_the_exec_back() -> None:
     read further, so nothing grows without bound."""
     main, runners, client = command(), FakeRunners(), FakeClient(reads=False)
     r, _ = relay(main, runners)
-    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client))
+    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client, runners.use()))
     for _ in range(10_000):
         main.feed(Output("stdout", b"x" * 1024))
     await client.blocked.wait()
@@ -222,7 +238,7 @@ async def test_a_broken_exec_is_an_error_frame_or_poseidons_exit_0(
     runners, client = FakeRunners(), FakeClient()
     settings = replace(FAST, broken_as_exit_zero=exit_zero)
     r, _ = relay(main, runners, settings)
-    await r.run(execution(), "a", client)
+    await r.run(execution(), "a", client, runners.use())
     assert client.frames == [{"type": "start"}, {"type": "stdout", "data": "partial"}, last]
 
 
@@ -241,7 +257,7 @@ async def test_an_exit_by_signal_waits_the_loss_window_for_an_oom_kill(
     main, runners, client = command(), FakeRunners(), FakeClient()
     settings = replace(FAST, signal_loss_window_s=window_s)
     r, _ = relay(main, runners, settings)
-    task = asyncio.ensure_future(r.run(execution(), "a", client))
+    task = asyncio.ensure_future(r.run(execution(), "a", client, runners.use()))
     main.feed(Exited(137))
 
     async def oom_reported_late() -> None:
@@ -269,10 +285,10 @@ async def test_the_lone_side_of_a_half_opened_pair_is_killed(uses: int, sweep: b
     """The kill sweeps the unprivileged user's processes only when this
     execution is the runner's sole use; otherwise it keeps to the marker."""
     execs, runners, client = half_open(), FakeRunners(), FakeClient()
-    runners.in_flight = uses
+    runners.others = uses - 1
     settings = replace(FAST, exec=ExecSettings(separate_stderr=True))
     r = Relay(execs, runners, Metrics(), settings)
-    await r.run(execution(), "a", client)
+    await r.run(execution(), "a", client, runners.use())
     await r.wait_background()
     assert client.frames[-1]["type"] == "error"
     assert execs.opened[0].tty, "the command's exec is the one refused"

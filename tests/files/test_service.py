@@ -14,15 +14,15 @@ import pytest
 
 from controller.execution.command import ExecSettings, kill_command
 from controller.files import scripts
-from controller.files.service import (
+from controller.files.errors import (
     Conflict,
     CopyFailed,
     ExecFailed,
-    Files,
     Interrupted,
     RangeNotSatisfiable,
     Unreadable,
 )
+from controller.files.service import Files
 from controller.files.upload import parse
 from controller.metrics import Metrics
 from controller.nomad.exec import ExecBroken, ExecError, Exited, Output, TaskNotRunning

@@ -234,11 +234,13 @@ def touch(pool: Pool, runner_id: str) -> None:
 
 
 def begin_use(pool: Pool, runner_id: str) -> None:
-    assert pool.claims.begin_use(runner_id)
+    use = pool.claims.begin_use(runner_id, "execution")
+    assert use is not None
+    pool.held.append(use)
 
 
 def end_use(pool: Pool, runner_id: str) -> None:
-    pool.claims.end_use(runner_id)
+    pool.held.pop(0).end()
 
 
 def restart(pool: Pool, runner_id: str) -> None:
@@ -319,8 +321,7 @@ def test_a_decided_release_refuses_every_touch_until_forgotten(pool: Pool) -> No
     pool.clock.advance(1)
     assert pool.claims.begin_expiry(pool.view(runner_id), pool.clock.now_ns())
     assert not pool.claims.touch(runner_id)
-    assert not pool.claims.begin_use(runner_id), "no execution starts on it"
-    pool.claims.end_use(runner_id)  # one that was running ends: it stays expired
+    assert pool.claims.begin_use(runner_id, "execution") is None, "no execution starts on it"
     assert pool.claims.begin_expiry(pool.view(runner_id), 0), "decided is final, whatever the time"
     pool.claims.forget(runner_id)
     assert pool.claims.touch(runner_id)

@@ -19,6 +19,7 @@ from controller.reconcile.expectations import Expectations
 from controller.reconcile.observe import Observer
 from controller.reconcile.ratelimit import TokenBucket
 from controller.reconcile.snapshot import Snapshot
+from controller.reconcile.uses import RunnerUse
 from controller.reconcile.writes import SpecWriter
 from tests.support.fake_nomad import FakeNomad
 
@@ -35,6 +36,7 @@ class Pool:
         self.clock: ManualClock = self.nomad.clock
         self.serving = True
         self.leading = True
+        self.held: list[RunnerUse] = []  # uses begun by a test, oldest first
         self._uids = itertools.count(1)
         self._wire()
 

@@ -1,0 +1,178 @@
+"""The runner a client claimed, as executions and file operations both ask
+about it: may it be used (`claimed`, `begin`), and — when something failed —
+was it lost meanwhile (`verdict`). One adapter over the controller's façade,
+so both halves of the data plane decide alike.
+
+A loss is told only once Nomad records it: a reset the controller has
+derived but not written is written first (`Pools.record_loss`), so every
+later answer, from any controller, names the same reason.
+
+After a failure, Nomad is read again on one schedule (`read_times`): its
+servers hear of a restart a little after it happened (a client reports its
+allocations in batches; a lagging server answers from before), so a failure
+that may come from a reset file system is believed only once the runner still
+looks claimed after the settle time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from controller.dataplane import answers
+from controller.dataplane.answers import Answer
+from controller.model import LossReason, RunnerView
+from controller.nomad.errors import NomadError
+from controller.reconcile.claims import NotLeader
+from controller.reconcile.facade import Pools
+from controller.reconcile.uses import RunnerUse
+
+log = logging.getLogger(__name__)
+
+# The settle schedule's first waits after a failure (seconds from it): a read
+# at once, then quickly, then ever more spread out up to the settle time.
+READ_OFFSETS_S = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+
+
+def read_times(settle_s: float) -> tuple[float, ...]:
+    """When to read the runner again after a failure (seconds from it): the
+    offsets below `settle_s`, and `settle_s` itself last."""
+    early = tuple(t for t in READ_OFFSETS_S if t < settle_s)
+    step = READ_OFFSETS_S[-1]
+    while early and early[-1] + step < settle_s:
+        early += (early[-1] + step,)
+    return (*early, settle_s) if settle_s > 0 else (0.0,)
+
+
+class Unusable(Exception):
+    """The runner cannot be used; `answer` says why (410 or 503)."""
+
+    def __init__(self, answer: Answer) -> None:
+        super().__init__(answer.message)
+        self.answer = answer
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The claim is over, as Nomad records it: lost (`reason`) or released (None)."""
+
+    reason: LossReason | None
+
+    def answer(self, runner_id: str) -> Answer:
+        return answers.ended(runner_id, self.reason)
+
+
+@dataclass(frozen=True)
+class Unrecorded:
+    """A loss shows, but Nomad did not take the write that records it."""
+
+    def answer(self, runner_id: str) -> Answer:
+        return answers.loss_unrecorded(runner_id)
+
+
+Verdict = Ended | Unrecorded | None
+
+
+class ClaimedRunners:
+    """`settle_s`: how long after a failure Nomad is read again for a loss
+    (NRC_LOSS_SETTLE)."""
+
+    def __init__(self, pools: Pools, settle_s: float = 0.85) -> None:
+        self._pools = pools
+        self.settle_s = settle_s
+
+    # -- before the work (blocking) ----------------------------------------------------
+
+    def claimed(self, runner_id: str) -> RunnerView:
+        """The claimed runner, touched (its inactivity timer starts again).
+        Raises NotLeader when this replica does not serve, `Unusable` when the
+        runner is unknown, released, lost (recorded in Nomad first) or
+        expired. Blocking: it may write the loss."""
+        if not self._pools.ready():
+            raise NotLeader
+        view = self._pools.lookup(runner_id)
+        claim = view.job.claim if view is not None else None
+        if view is None or claim is None:
+            raise Unusable(answers.ended(runner_id, None))
+        if view.loss is not None:
+            # Never serve the claim from the replacement allocation.
+            verdict = self._record(view)
+            raise Unusable(verdict.answer(runner_id))
+        if not self._pools.touch(runner_id):
+            raise Unusable(answers.expired(runner_id, claim.timeout))
+        return view
+
+    def begin(self, view: RunnerView, what: str) -> RunnerUse:
+        """A use of the claimed runner `view` begins (`claimed` first); raises
+        `Unusable` when it expired meanwhile."""
+        claim = view.job.claim
+        assert claim is not None
+        use = self._pools.begin_use(view.id, what)
+        if use is None:
+            raise Unusable(answers.expired(view.id, claim.timeout))
+        return use
+
+    def uses(self, runner_id: str) -> int:
+        """Uses of the runner in flight (executions, file operations)."""
+        return self._pools.uses.count(runner_id)
+
+    # -- after it (async) ----------------------------------------------------------------
+
+    def ended(self, runner_id: str) -> bool:
+        """A loss or release of the runner shows in what the controller has
+        read; no new read."""
+        view = self._pools.lookup(runner_id)
+        return view is None or view.job.claim is None or view.loss is not None
+
+    async def verdict(self, runner_id: str, *, read: bool = True, settle_s: float = 0.0) -> Verdict:
+        """Whether the claim is over: `Ended` (a loss recorded in Nomad first)
+        or `Unrecorded`; None while the runner is still claimed. Nomad is read
+        again first unless `read` is false: at `read_times(settle_s)`, until
+        the claim shows as over. When a read fails, what is known stands."""
+        if not read:
+            return await asyncio.to_thread(self._look, runner_id)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        verdict: Verdict = None
+        for at in read_times(settle_s):
+            await asyncio.sleep(max(0.0, start + at - loop.time()))
+            try:
+                await asyncio.to_thread(self._pools.reread, [runner_id])
+            except Exception as exc:
+                log.warning("reading runner %s again from Nomad: %s", runner_id, exc)
+                return await asyncio.to_thread(self._look, runner_id)
+            verdict = await asyncio.to_thread(self._look, runner_id)
+            if isinstance(verdict, Ended):
+                return verdict
+        return verdict
+
+    async def stop(self, runner_id: str, reason: LossReason) -> None:
+        """End the claim with `reason` (the job is stopped with it: Nomad kills
+        everything in the allocation). Nothing to do when it already ended."""
+        view = self._pools.lookup(runner_id)
+        if view is None or view.job.claim is None or view.job.claim.lost_reason:
+            return
+        await asyncio.to_thread(self._pools.write_loss, view, reason)
+
+    # -- one look ------------------------------------------------------------------------
+
+    def _look(self, runner_id: str) -> Verdict:
+        """The claim's end as the controller sees it now, a derived loss
+        recorded in Nomad first (blocking)."""
+        view = self._pools.lookup(runner_id)
+        if view is None or view.job.claim is None:
+            return Ended(None)
+        if view.loss is None:
+            return None
+        try:
+            return self._record(view)
+        except NotLeader:
+            return Unrecorded()  # another replica records it
+
+    def _record(self, view: RunnerView) -> Ended | Unrecorded:
+        try:
+            return Ended(self._pools.record_loss(view))
+        except NomadError as exc:
+            log.warning("the loss of runner %s is not recorded yet: %s", view.id, exc)
+            return Unrecorded()

@@ -1,0 +1,246 @@
+"""`ClaimedRunners`, the one adapter executions and file operations ask about
+the runner a client claimed, over a real controller and the in-memory Nomad:
+who may use it, with which answer, and how long a failure waits for a loss."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator
+from dataclasses import replace
+from typing import Any, cast
+
+import pytest
+
+from controller.dataplane import answers
+from controller.dataplane.runners import ClaimedRunners, Ended, Unrecorded, Unusable, read_times
+from controller.model import LossReason
+from controller.nomad.gateway import AllocListing, NomadUnavailable
+from controller.reconcile.facade import Pools
+from tests.support.fake_nomad import FakeNomad
+from tests.support.one_runner import OneRunner
+
+pytestmark = pytest.mark.anyio
+
+
+class LosesOnRead(FakeNomad):
+    """Nomad whose servers hear of the runner's loss at the `at`-th read of its
+    allocations (a client that reports late); `failing` makes reads fail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: int | None = None
+        self.alloc_reads = 0
+        self.failing = False
+
+    def _read(self) -> None:
+        if self.failing:
+            raise NomadUnavailable("connection refused")
+        self.alloc_reads += 1
+        if self.at is not None and self.alloc_reads >= self.at:
+            lose(self)
+
+    # A refresh reads the allocations by one of these.
+    def list_allocations_of_jobs(self, job_ids: Collection[str]) -> AllocListing:
+        self._read()
+        return super().list_allocations_of_jobs(job_ids)
+
+    def list_allocation_versions(self) -> AllocListing:
+        self._read()
+        return super().list_allocation_versions()
+
+    def list_allocations(self, index: int = 0, wait_s: float = 0) -> AllocListing:
+        self._read()
+        return super().list_allocations(index, wait_s)
+
+
+class Rereads:
+    """The façade, counting the runner's reads again."""
+
+    def __init__(self, pools: Pools) -> None:
+        self.pools = pools
+        self.rereads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pools, name)
+
+    def reread(self, runner_ids: Collection[str]) -> None:
+        self.rereads += 1
+        self.pools.reread(runner_ids)
+
+
+def lose(nomad: FakeNomad) -> None:
+    alloc = nomad.allocs["alloc-1"]
+    if alloc.client_status != "lost":
+        nomad.put_alloc(replace(alloc, client_status="lost", desired_status="stop"))
+
+
+@pytest.fixture
+def one() -> Iterator[OneRunner]:
+    one = OneRunner(LosesOnRead())
+    yield one
+    one.close()
+
+
+def nomad_of(one: OneRunner) -> LosesOnRead:
+    assert isinstance(one.nomad, LosesOnRead)
+    return one.nomad
+
+
+def refusal(runners: ClaimedRunners, runner_id: str) -> answers.Answer:
+    with pytest.raises(Unusable) as refused:
+        runners.claimed(runner_id)
+    return refused.value.answer
+
+
+@pytest.mark.parametrize(
+    ("settle_s", "reads"),
+    [
+        (0.0, (0.0,)),
+        (0.1, (0.0, 0.1)),
+        (0.85, (0.0, 0.1, 0.25, 0.5, 0.85)),
+        (2.0, (0.0, 0.1, 0.25, 0.5, 1.0, 2.0)),
+        (20.0, (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 20.0)),
+    ],
+)
+def test_the_settle_schedule_reads_early_then_spreads_out(
+    settle_s: float, reads: tuple[float, ...]
+) -> None:
+    assert read_times(settle_s) == reads
+
+
+def test_a_claimed_runner_is_touched_and_handed_back(one: OneRunner) -> None:
+    runner_id = one.claim(timeout_s=60)
+    runners = ClaimedRunners(one.controller.pools)
+    one.clock.advance(50)
+    assert runners.claimed(runner_id).id == runner_id
+    one.clock.advance(50)  # 100 s after the claim, 50 after the touch: not expired
+    assert runners.claimed(runner_id).id == runner_id
+
+
+def test_unknown_and_released_runners_are_gone(one: OneRunner) -> None:
+    runner_id = one.claim()
+    runners = ClaimedRunners(one.controller.pools)
+    assert refusal(runners, "5-nobody") == answers.ended("5-nobody", None)
+    assert one.controller.pools.release(runner_id)
+    assert refusal(runners, runner_id).message == f"runner {runner_id} is unknown or was released"
+
+
+def test_a_derived_loss_is_recorded_in_nomad_before_it_is_told(one: OneRunner) -> None:
+    runner_id = one.claim()
+    runners = ClaimedRunners(one.controller.pools)
+    lose(one.nomad)
+    one.controller.pools.reread([runner_id])
+    assert one.nomad.end_claims(runner_id) == []
+    answer = refusal(runners, runner_id)
+    assert (answer.status, answer.result) == (410, "lost")
+    assert answer.message.startswith(f"runner {runner_id} was lost: ")
+    assert len(one.nomad.end_claims(runner_id)) == 1, "written to Nomad first"
+    assert refusal(runners, runner_id) == answer, "the same answer, without a second write"
+    assert len(one.nomad.end_claims(runner_id)) == 1
+
+
+def test_a_loss_nomad_does_not_take_is_503_never_a_reason(one: OneRunner) -> None:
+    runner_id = one.claim()
+    runners = ClaimedRunners(one.controller.pools)
+    lose(one.nomad)
+    one.controller.pools.reread([runner_id])
+
+    def refuse(job: object, index: int | None) -> None:
+        raise NomadUnavailable("connection refused by 10.0.0.7:4646")
+
+    one.nomad.before_register = refuse
+    answer = refusal(runners, runner_id)
+    assert (answer.status, answer.code) == (503, "NOMAD_UNREACHABLE")
+    assert "10.0.0.7" not in answer.message, "Nomad's text is never answered"
+
+
+def test_an_expired_runner_is_refused_before_and_at_its_use(one: OneRunner) -> None:
+    runner_id = one.claim(timeout_s=10)
+    runners = ClaimedRunners(one.controller.pools)
+    view = runners.claimed(runner_id)
+    one.clock.advance(10)
+    assert one.controller.claims.begin_expiry(view, one.clock.now_ns())
+    assert refusal(runners, runner_id) == answers.expired(runner_id, 10)
+    with pytest.raises(Unusable) as refused:
+        runners.begin(view, "copy")
+    assert refused.value.answer == answers.expired(runner_id, 10)
+
+
+def test_a_use_is_counted_until_it_ends(one: OneRunner) -> None:
+    runner_id = one.claim(timeout_s=10)
+    runners = ClaimedRunners(one.controller.pools)
+    view = runners.claimed(runner_id)
+    with runners.begin(view, "execution"):
+        with runners.begin(view, "list") as listing:
+            assert runners.uses(runner_id) == 2
+            listing.end()
+            assert runners.uses(runner_id) == 1
+        one.clock.advance(100)
+        assert not one.controller.claims.begin_expiry(view, one.clock.now_ns()), "in use"
+    assert runners.uses(runner_id) == 0
+    assert [u.what for u in one.controller.pools.uses.in_flight()] == []
+
+
+@pytest.mark.parametrize(
+    ("settle_s", "lost_at_read", "found"),
+    [
+        (0.0, 1, True),  # the loss shows at the first read
+        (0.85, 4, True),  # within the settle time
+        (0.85, 5, True),  # at its last read
+        (0.85, 6, False),  # after it: the failure is believed
+        (0.0, 2, False),  # no settle: one read only
+    ],
+)
+async def test_a_failure_waits_the_settle_time_for_a_loss(
+    one: OneRunner, settle_s: float, lost_at_read: int, found: bool
+) -> None:
+    runner_id = one.claim()
+    pools = Rereads(one.controller.pools)
+    runners = ClaimedRunners(cast(Pools, pools))
+    nomad = nomad_of(one)
+    nomad.at, nomad.alloc_reads = lost_at_read, 0
+    verdict = await runners.verdict(runner_id, settle_s=settle_s)
+    if found:
+        assert isinstance(verdict, Ended) and verdict.reason is not None
+        assert pools.rereads == lost_at_read, "no read after the loss showed"
+    else:
+        assert verdict is None
+        assert pools.rereads == len(read_times(settle_s))
+
+
+async def test_without_a_read_only_what_is_known_counts(one: OneRunner) -> None:
+    runner_id = one.claim()
+    runners = ClaimedRunners(one.controller.pools)
+    lose(one.nomad)
+    assert not runners.ended(runner_id)
+    assert await runners.verdict(runner_id, read=False) is None
+    one.controller.pools.reread([runner_id])
+    assert runners.ended(runner_id)
+    verdict = await runners.verdict(runner_id, read=False)
+    assert isinstance(verdict, Ended) and verdict.reason is LossReason.LOST
+
+
+async def test_a_read_that_fails_leaves_what_is_known(one: OneRunner) -> None:
+    runner_id = one.claim()
+    runners = ClaimedRunners(one.controller.pools)
+    nomad_of(one).failing = True
+    assert await runners.verdict(runner_id, settle_s=0.85) is None
+    lose(one.nomad)
+    nomad_of(one).failing = False
+    one.controller.pools.reread([runner_id])
+    nomad_of(one).failing = True
+    verdict = await runners.verdict(runner_id, settle_s=0.85)
+    assert isinstance(verdict, Ended)
+
+
+async def test_a_loss_that_cannot_be_recorded_is_unrecorded(one: OneRunner) -> None:
+    runner_id = one.claim()
+    runners = ClaimedRunners(one.controller.pools)
+    lose(one.nomad)
+
+    def refuse(job: object, index: int | None) -> None:
+        raise NomadUnavailable("connection refused")
+
+    one.nomad.before_register = refuse
+    verdict = await runners.verdict(runner_id, settle_s=0.1)
+    assert isinstance(verdict, Unrecorded)
+    assert verdict.answer(runner_id).status == 503
