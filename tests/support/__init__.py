@@ -9,6 +9,8 @@ the conftest files and call into these modules:
   controllers started in this process or as a child;
 - `sim`: the simulator's test timings;
 - `api_client`: the API tests' OpenAPI-checked clients and request bodies;
+- `balancer`: a round-robin TCP load balancer with health checks, in front
+  of controller replicas;
 - `one_runner`, `api_server`, `world`: a controller over the fake with one
   runner; the whole service on uvicorn; a learning platform's client of it.
 """

@@ -95,11 +95,13 @@ def start_controller_process(
     *,
     argv: Sequence[str] | None = None,
     timeout: float = 120.0,
+    port: int | None = None,
 ) -> ChildProcess:
     """The controller service as a child process (`argv`: `run` by default),
     appended to `started` (whoever owns that list stops it); returns once its
-    API answers /readyz (it has observed Nomad), with `address` its API's."""
-    port = free_port()
+    API answers /readyz (it has observed Nomad), with `address` its API's
+    (on `port`, a free one by default)."""
+    port = port if port is not None else free_port()
     command = argv if argv is not None else python_module("controller", "run")
     child = ChildProcess(command, controller_environ(nomad_address, port, **dict(settings or {})))
     started.append(child)
