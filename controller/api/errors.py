@@ -90,10 +90,10 @@ def describe_errors(errors: Iterable[Mapping[str, Any]]) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
-def not_leader_message(controller: Pools) -> str:
-    if controller.is_leader():
-        return "this replica has not observed Nomad since it became leader; retry shortly"
-    return "this replica is not the leader; send the request to the leading replica"
+def not_serving_message(controller: Pools) -> str:
+    """Why a replica does not serve yet (503 NOT_LEADER, the code kept for the
+    clients that know it): every replica serves once it has observed Nomad."""
+    return "this replica has not observed Nomad yet; retry shortly or on another replica"
 
 
 def allowed_methods(app: FastAPI, path: str) -> list[str]:
@@ -119,7 +119,7 @@ def install(app: FastAPI, controller: Pools) -> None:
         return error_response(error.status, error.message, error.code, error.headers)
 
     async def not_leader(_: Request, __: Exception) -> JSONResponse:
-        return error_response(503, not_leader_message(controller), ErrorCode.NOT_LEADER)
+        return error_response(503, not_serving_message(controller), ErrorCode.NOT_LEADER)
 
     async def nomad_unavailable(request: Request, exc: Exception) -> JSONResponse:
         log.warning("%s %s: Nomad unreachable: %s", request.method, request.url.path, exc)
@@ -212,8 +212,8 @@ DESCRIPTIONS = {
     426: "A plain GET: the execution runs over a WebSocket; connect with an upgrade.",
     500: "The request could not be handled: NOMAD_OVERLOAD (no idle runner ready), "
     "NOMAD_UNREACHABLE, NOMAD_INTERNAL_SERVER_ERROR, or UNKNOWN.",
-    503: "NOT_LEADER: this replica does not serve (leader election is on and it does not "
-    "lead, or has not observed Nomad since it took the lead); SHUTTING_DOWN: this replica "
+    503: "NOT_LEADER: this replica does not serve yet (it has not observed Nomad since it "
+    "started; every replica serves once it has, leader or not); SHUTTING_DOWN: this replica "
     "drains before it stops (Retry-After: retry, another replica serves).",
 }
 

@@ -26,7 +26,7 @@ from controller.api.errors import (
     ApiError,
     error_response,
     from_answer,
-    not_leader_message,
+    not_serving_message,
     responses,
 )
 from controller.api.guard import origin_allowed
@@ -195,7 +195,7 @@ def router(
             return
         except NotLeader:
             await _deny(
-                websocket, ApiError(503, not_leader_message(controller), ErrorCode.NOT_LEADER)
+                websocket, ApiError(503, not_serving_message(controller), ErrorCode.NOT_LEADER)
             )
             return
         claim = view.job.claim

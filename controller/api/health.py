@@ -2,20 +2,30 @@
 for orchestrators `/healthz` (the process is alive), `/readyz` (this replica
 serves claims) and `/metrics` (Prometheus), at the root. None needs a token.
 
-`/api/v1/health` answers 204 only when Nomad is observed, this replica leads,
-and every pool holds at least `pool_alert_threshold` of its size in ready idle
-runners; otherwise 503 with the first problem's code.
+`/api/v1/health` answers 204 only when Nomad is observed, this replica serves
+(every replica does once it has observed Nomad), and every pool holds at
+least `pool_alert_threshold` of its size in ready idle runners; otherwise 503
+with the first problem's code. Both it and `/readyz` say whether this replica
+leads (`X-Nrc-Role` / `role`): the leader alone keeps the pools up.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controller.api.drain import SHUTTING_DOWN_MESSAGE, Drain
-from controller.api.errors import ApiError, not_leader_message, responses
-from controller.api.models import ErrorCode, Status
+from controller.api.errors import ApiError, not_serving_message, responses
+from controller.api.models import ErrorCode, Readiness, Status
 from controller.reconcile.facade import Pools
+
+ROLE_HEADER = "X-Nrc-Role"
+
+
+def role(controller: Pools) -> Literal["leader", "follower"]:
+    return "leader" if controller.is_leader() else "follower"
 
 
 def depleting(controller: Pools, threshold: float) -> str | None:
@@ -41,8 +51,9 @@ def api_router(controller: Pools, pool_alert_threshold: float, version: str) -> 
         summary="Check if the API is available",
         description=(
             "503 NOMAD_UNREACHABLE when Nomad cannot be observed, NOT_LEADER when this "
-            "replica does not lead, PREWARMING_POOL_DEPLETING when a pool holds fewer "
-            f"ready idle runners than {pool_alert_threshold:g} of its size."
+            "replica does not serve yet, PREWARMING_POOL_DEPLETING when a pool holds fewer "
+            f"ready idle runners than {pool_alert_threshold:g} of its size. The `X-Nrc-Role` "
+            "header says whether this replica leads (keeps the pools up) or follows."
         ),
         status_code=204,
         response_class=Response,
@@ -51,12 +62,13 @@ def api_router(controller: Pools, pool_alert_threshold: float, version: str) -> 
     def health() -> Response:
         if controller.nomad_error() is not None:
             raise ApiError(503, "Nomad cannot be observed", ErrorCode.NOMAD_UNREACHABLE)
-        if not controller.is_leader():
-            raise ApiError(503, not_leader_message(controller), ErrorCode.NOT_LEADER)
+        headers = {ROLE_HEADER: role(controller)}
+        if not controller.ready():
+            raise ApiError(503, not_serving_message(controller), ErrorCode.NOT_LEADER, headers)
         problem = depleting(controller, pool_alert_threshold)
         if problem is not None:
-            raise ApiError(503, problem, ErrorCode.PREWARMING_POOL_DEPLETING)
-        return Response(status_code=204)
+            raise ApiError(503, problem, ErrorCode.PREWARMING_POOL_DEPLETING, headers)
+        return Response(status_code=204, headers=headers)
 
     @api.get(
         "/version",
@@ -88,20 +100,20 @@ def root_router(controller: Pools, drain: Drain | None = None) -> APIRouter:
         summary="Readiness: this replica serves claims",
         description=(
             "503 SHUTTING_DOWN once this replica drains (SIGTERM), NOMAD_UNREACHABLE when "
-            "Nomad cannot be observed, NOT_LEADER when this replica does not lead or has not "
-            "observed Nomad since it took the lead."
+            "Nomad cannot be observed, NOT_LEADER when this replica has not observed Nomad "
+            "yet. Every replica serves once it has; `role` says which one leads."
         ),
-        response_model=Status,
+        response_model=Readiness,
         responses=responses(500, 503),
     )
-    def readyz() -> Status:
+    def readyz() -> Readiness:
         if drain is not None and drain.draining:
             raise ApiError(503, SHUTTING_DOWN_MESSAGE, ErrorCode.SHUTTING_DOWN)
         if controller.nomad_error() is not None:
             raise ApiError(503, "Nomad cannot be observed", ErrorCode.NOMAD_UNREACHABLE)
         if not controller.ready():
-            raise ApiError(503, not_leader_message(controller), ErrorCode.NOT_LEADER)
-        return Status(status="ok")
+            raise ApiError(503, not_serving_message(controller), ErrorCode.NOT_LEADER)
+        return Readiness(status="ok", role=role(controller))
 
     @api.get(
         "/metrics",

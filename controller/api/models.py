@@ -278,6 +278,14 @@ class Status(BaseModel):
     status: str = Field(examples=["ok"])
 
 
+class Readiness(Status):
+    role: Literal["leader", "follower"] = Field(
+        description="Every replica that serves answers claims, executions and files; the "
+        "leader alone keeps the pools up (creates, deletes, expires runners).",
+        examples=["leader"],
+    )
+
+
 class FileCopy(BaseModel):
     path: str = Field(
         description="Where the file goes: relative to the working directory, or absolute. "

@@ -138,8 +138,9 @@ class Pools:
     def put_environment(self, env: Environment) -> bool:
         """Create or replace an environment's template; True when it is new.
         Claimed runners keep running; idle ones built from an older template
-        are replaced by the next pass."""
-        if not self.is_leader():
+        are replaced by the next pass. The leader, or any replica that
+        serves, may write it (the leader's next pass builds the pool)."""
+        if not (self.is_leader() or self.ready()):
             raise NotLeader
         created = self._known().templates.get(env.id) is None
         self._writer.register(jobs.template_job(env, self.template))
@@ -148,7 +149,7 @@ class Pools:
 
     def delete_environment(self, env_id: int) -> bool:
         """Delete the template; idle runners go at once, claimed ones when released."""
-        if not self.is_leader():
+        if not (self.is_leader() or self.ready()):
             raise NotLeader
         if self._known().templates.get(env_id) is None:
             return False

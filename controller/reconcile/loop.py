@@ -175,9 +175,6 @@ class Controller:
         self._stop = threading.Event()
         self._resync_now = threading.Event()
         self._threads: list[threading.Thread] = []
-        # When this replica last became leader; a snapshot older than that may
-        # predate the previous leader's last writes, so we do not serve from it.
-        self._leader_since = 0.0 if self.elector is None else float("inf")
         self._stream_was_connected = False
         self.metrics.leader.labels(CONTROLLER).set(1 if self.elector is None else 0)
 
@@ -192,7 +189,8 @@ class Controller:
             self.elector.start()
         self.worker.start()
         self._spawn(self._resync, "nrc-resync")
-        self._spawn(lambda: self.observer.follow(self._stop, self.is_leader), "nrc-observe")
+        # Every replica serves claims from its snapshot: every one follows events.
+        self._spawn(lambda: self.observer.follow(self._stop), "nrc-observe")
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -228,16 +226,14 @@ class Controller:
         return self.elector is None or self.elector.is_leader()
 
     def ready(self) -> bool:
-        """Serving: leading (or no election) and Nomad observed since then."""
-        return (
-            self.is_leader()
-            and self.observer.observed_once
-            and self.observer.snapshot.taken_at >= self._leader_since
-        )
+        """Serving the API: Nomad observed once. Every replica serves, leader or
+        not: a claim, a release and a recorded loss are EnforceIndex writes (two
+        replicas cannot both win one), and executions and file operations only
+        read. Pool upkeep is the leader's alone (`is_leader`)."""
+        return self.observer.observed_once
 
     def _on_leader_change(self, leader: bool) -> None:
         self.metrics.leader.labels(CONTROLLER).set(1 if leader else 0)
-        self._leader_since = self.clock.monotonic() if leader else float("inf")
         if self.prewarmer is not None:
             # A new term reads the histories the last leader wrote.
             self.prewarmer.unload()
