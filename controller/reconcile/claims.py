@@ -331,7 +331,10 @@ class Claims:
         """When each claimed runner was last touched, through this replica or
         (leader election on) any other (claim time or our start at least).
         Reads the other replicas' activity from Nomad when it is due."""
-        remote = self._shared.read() if self._shared is not None else {}
+        views = tuple(views)
+        remote: Mapping[str, int] | None = {}
+        if self._shared is not None and any(_may_expire(v) for v in views):
+            remote = self._shared.read()  # an environment without timers reads nothing
         with self._lock:
             return self._last_activity_locked(views, remote)
 
@@ -352,14 +355,14 @@ class Claims:
         return out
 
     def _expired_locked(self, view: RunnerView, now_ns: int) -> bool:
-        claim = view.job.claim
-        if claim is None or claim.timeout <= 0 or claim.lost_reason is not None:
+        if not _may_expire(view):
             return False
         if view.id in self._expiring:
             return True
         remote = self._shared.known() if self._shared is not None else {}
         last = self._last_activity_locked([view], remote)[view.id]
-        return now_ns >= last + claim.timeout * SECOND
+        assert view.job.claim is not None
+        return now_ns >= last + view.job.claim.timeout * SECOND
 
     def release(self, runner_id: str) -> bool:
         """End a claim (deregister with purge). False when there is no such claim."""
@@ -418,3 +421,9 @@ class Claims:
             for runner_id in [r for r in self._activity if r not in present]:
                 del self._activity[runner_id]
             self._expiring &= present
+
+
+def _may_expire(view: RunnerView) -> bool:
+    """A claim with an inactivity timeout, not ended by a loss."""
+    claim = view.job.claim
+    return claim is not None and claim.timeout > 0 and claim.lost_reason is None

@@ -102,13 +102,13 @@ class Replicas:
             c.activity.publish()
         self.pass_()
 
-    def claim(self) -> str:
+    def claim(self, timeout_s: int = TIMEOUT_S) -> str:
         """A runner of the environment claimed through the leader, seen by both."""
         self.a.pools.put_environment(ENV)
         self.pass_()
         self.pass_()
         self.observe()
-        runner_id = self.a.pools.claim(ENV.id, TIMEOUT_S).id
+        runner_id = self.a.pools.claim(ENV.id, timeout_s).id
         self.observe()
         assert self.b.pools.lookup(runner_id) is not None
         return runner_id
@@ -207,6 +207,16 @@ def test_a_new_leader_that_cannot_read_the_activity_releases_nothing(
     replicas.second()
     # The last touch (through B, now the leader) is long past: released.
     assert replicas.released(runner_id)
+
+
+def test_a_leader_without_inactivity_timers_reads_no_activity(replicas: Replicas) -> None:
+    runner_id = replicas.claim(timeout_s=0)
+    for _ in range(3):
+        assert replicas.b.pools.touch(runner_id)
+        replicas.second()
+    assert replicas.nomad.variable_writes  # the replicas publish as ever
+    assert [r for r in replicas.nomad.variable_reads if r.startswith("list")] == []
+    assert not replicas.released(runner_id)
 
 
 def test_a_single_replica_does_no_variable_io() -> None:
