@@ -16,7 +16,8 @@ controller's one shared state:
   under `<lock path>/activity/` and fetches those whose ModifyIndex moved
   since it last read them, at most once per publish interval; the newest
   time per runner, over every replica, is the runner's remote activity. A
-  read that fails decides no expiry until one succeeds.
+  read that fails decides no expiry until one succeeds (tried again one
+  interval later).
 - Leave. A replica that stops deletes its variables. The leader deletes a
   variable that names no runner claimed now and whose newest time is older
   than STALE: what a crashed replica left behind.
@@ -254,7 +255,8 @@ class SharedActivity:
                 self._count("read", "error")
                 log.warning("reading runner activity: %s", exc)
                 with self._mu:
-                    self._read_at = None
+                    # Unknown until the next read, tried one interval later.
+                    self._read_at = started
                     self._remote = None
                 return None
             remote = {r: ms * MS for r, ms in newest(t for _, t in current.values()).items()}

@@ -308,7 +308,9 @@ def test_a_failed_read_knows_nothing_until_one_succeeds(nomad: FakeNomad) -> Non
     assert a.shared.known() is None
     assert a.count("read", "error") == 1
     nomad.list_variables = listing  # type: ignore[method-assign]
-    assert a.shared.read() == {"r1": b.clock.now_ns() - 1_000 * MS}
+    assert a.shared.read() is None  # tried again one interval later, not at every pass
+    a.clock.advance(1)
+    assert a.shared.read() == {"r1": b.clock.now_ns() - 2_000 * MS}
 
 
 def test_a_stopping_replica_deletes_its_variables(nomad: FakeNomad) -> None:
