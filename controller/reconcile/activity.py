@@ -173,7 +173,7 @@ class SharedActivity:
         self._published: list[dict[str, str]] = []  # what our variables hold, by number
         self._read_mu = threading.Lock()  # one read at a time; held across reads
         self._mu = threading.Lock()  # the read state below; never held across a request
-        self._read_at: float | None = None  # monotonic start of the last good read
+        self._read_at: float | None = None  # monotonic start of the last read
         self._seen: dict[str, tuple[int, dict[str, int]]] = {}  # path → (index, times)
         self._remote: dict[str, int] | None = None  # runner id → ns; None: unknown
 
@@ -217,6 +217,8 @@ class SharedActivity:
     def withdraw(self) -> None:
         """This replica stops: its variables go (best effort)."""
         with self._publish_mu:
+            if not self._published:
+                return
             try:
                 while self._published:
                     self._store.delete_variable(self.path(len(self._published) - 1))
