@@ -13,7 +13,9 @@ could never produce (say `started_at=0`) is refused when stored.
 It enforces what the controller relies on: `EnforceIndex` on register (0 =
 the job must not exist; otherwise the job's JobModifyIndex must equal it,
 else `IndexConflict`) and Nomad's variable locks (`FakeLocks`, which
-replicas share). Every write is recorded so tests can count what the
+replicas share); variables take a ModifyIndex from the one Raft index,
+are listed by prefix, deleted with check-and-set, and refused without
+items. Every write is recorded so tests can count what the
 controller did, every read so they can see what it looked at. Allocations
 are set by the test (`put_alloc`, `run`); nothing is scheduled on its own.
 
