@@ -237,6 +237,9 @@ BrokenEnd = Literal["error", "exit0"]
 # Nomad's own rules (nomad/structs): namespace names and variable paths.
 _NAMESPACE = re.compile(r"[a-zA-Z0-9-]{1,128}")
 _VARIABLE_PATH = re.compile(r"[a-zA-Z0-9\-_~/]{1,128}")
+# Nomad's 128 characters, less what the replicas' activity variables add
+# under the lock's path (`/activity/<replica id>/<n>`, reconcile/activity.py).
+MAX_LOCK_PATH = 100
 _NO_SPACE = re.compile(r"[^\s\x00-\x1f\x7f]+")
 
 _CNI_MODE = re.compile(r"cni/[A-Za-z0-9_.-]+")
@@ -711,8 +714,8 @@ class Settings(BaseSettings):
         alias="NRC_LEADER_LOCK_PATH",
         description="Path of the Nomad variable whose lock elects the leader.",
         json_schema_extra=_allowed(
-            "a Nomad variable path: up to 128 letters, digits, '-', '_', '~' and '/', "
-            "without a leading, trailing or doubled '/', and under nomad/ only "
+            f"a Nomad variable path: up to {MAX_LOCK_PATH} letters, digits, '-', '_', '~' and "
+            "'/', without a leading, trailing or doubled '/', and under nomad/ only "
             "in nomad/jobs/"
         ),
     )
@@ -726,6 +729,21 @@ class Settings(BaseSettings):
         # Nomad refuses lock TTLs outside 10 s … 24 h.
         json_schema_extra=_allowed(
             f"a duration between 10s and 24h, {_DURATION_FORMS}", duration=True
+        ),
+    )
+
+    activity_publish_interval_s: Duration = Field(
+        default=1.0,
+        alias="NRC_ACTIVITY_PUBLISH_INTERVAL",
+        gt=0,
+        le=60,
+        description="With leader election: how often each replica writes the runners touched "
+        "through it to a Nomad variable, and at most how often the leader reads them before "
+        "it releases a claim for inactivity (docs/inactivity.md). A runner is kept while it "
+        "is touched through any replica more often than its inactivity timeout minus twice "
+        "this.",
+        json_schema_extra=_allowed(
+            f"a duration above 0 and at most 60s, {_DURATION_FORMS}", duration=True
         ),
     )
 
@@ -962,7 +980,7 @@ class Settings(BaseSettings):
         # use as a separator) and the reserved top-level "nomad/" tree. Empty
         # segments would address a different variable than the operator meant.
         parts = value.split("/")
-        if not _VARIABLE_PATH.fullmatch(value) or "" in parts:
+        if not _VARIABLE_PATH.fullmatch(value) or "" in parts or len(value) > MAX_LOCK_PATH:
             raise ValueError("invalid variable path")
         if parts[0] == "nomad" and not (len(parts) > 2 and parts[1] == "jobs"):
             raise ValueError("reserved variable path")
@@ -1034,6 +1052,7 @@ class Settings(BaseSettings):
             leader_election=self.leader_election,
             leader_lock_path=self.leader_lock_path,
             leader_ttl_s=self.leader_ttl_s,
+            activity_publish_interval_s=self.activity_publish_interval_s,
             prewarm=PrewarmSettings(
                 adaptive=self.prewarm_policy == "adaptive",
                 ceiling_multiple=self.prewarm_ceiling_multiple,

@@ -56,6 +56,8 @@ FILE_RESULTS = (
     "interrupted",
 )
 FILE_BYTES = ("copy", "download")
+ACTIVITY_OPERATIONS = ("publish", "read", "delete")
+ACTIVITY_RESULTS = ("ok", "error")
 _EXECUTION = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
@@ -192,6 +194,15 @@ class Metrics:
         self.jobs_deleted = Counter(
             "nrc_jobs_deleted_total", "Runner jobs deleted, by reason.", ["reason"], registry=r
         )
+        self.activity_sync = Counter(
+            "nrc_activity_sync_total",
+            "Runner activity shared between replicas through Nomad variables (leader "
+            "election only): publish (this replica's changed activity written), read (the leader's "
+            "look at every replica's), delete (a stopped or crashed replica's removed), "
+            "by result.",
+            ["operation", "result"],
+            registry=r,
+        )
         self.nomad_requests = Counter(
             "nrc_nomad_requests_total",
             "HTTP requests to Nomad by operation and status (`none`: no answer), retries "
@@ -316,6 +327,9 @@ class Metrics:
             self.invariant_violations.labels(invariant)
         for guard in GUARDS:
             self.guard_hits.labels(guard)
+        for operation in ACTIVITY_OPERATIONS:
+            for result in ACTIVITY_RESULTS:
+                self.activity_sync.labels(operation, result)
         for action in ("create", "delete", "end_claim"):
             for outcome in ("ok", "error", "conflict", "unavailable"):
                 self.nomad_writes.labels(action, outcome)

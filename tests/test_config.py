@@ -94,6 +94,7 @@ ALL_VARIABLES = [
     "NRC_LEADER_ELECTION",
     "NRC_LEADER_LOCK_PATH",
     "NRC_LEADER_TTL",
+    "NRC_ACTIVITY_PUBLISH_INTERVAL",
     "NRC_LOG_LEVEL",
     "NRC_LOG_FORMAT",
     "NRC_API_ALLOW_UNAUTHENTICATED",
@@ -280,7 +281,7 @@ def test_nomad_addr_forms() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    ["leader", "a/b/c", "nrc-prod_1~x/leader", "nomad/jobs/controller/leader", "x" * 128],
+    ["leader", "a/b/c", "nrc-prod_1~x/leader", "nomad/jobs/controller/leader", "x" * 100],
 )
 def test_valid_lock_paths(path: str) -> None:
     assert load_settings({"NRC_LEADER_LOCK_PATH": path}).leader_lock_path == path
@@ -431,7 +432,7 @@ def test_file_settings() -> None:
 
 DURATION = "as seconds (30, 0.5) or a Go duration (30s, 5m, 1h30m, 250ms)"
 LOCK_PATH = (
-    "must be a Nomad variable path: up to 128 letters, digits, '-', '_', '~' and '/', "
+    "must be a Nomad variable path: up to 100 letters, digits, '-', '_', '~' and '/', "
     "without a leading, trailing or doubled '/', and under nomad/ only in nomad/jobs/"
 )
 
@@ -665,7 +666,7 @@ LOCK_PATH = (
         ),
         (
             "NRC_LEADER_LOCK_PATH",
-            "x" * 129,
+            "x" * 101,
             f'NRC_LEADER_LOCK_PATH: {LOCK_PATH} (got "{"x" * 77}...")',
         ),
         # the value is quoted so that a line break cannot split the message
@@ -955,6 +956,7 @@ def full_environ(pem_files: dict[str, str]) -> dict[str, str]:
         "NRC_LEADER_ELECTION": "true",
         "NRC_LEADER_LOCK_PATH": "nrc/prod/leader",
         "NRC_LEADER_TTL": "20s",
+        "NRC_ACTIVITY_PUBLISH_INTERVAL": "500ms",
         "NRC_LOG_LEVEL": "warning",
         "NRC_LOG_FORMAT": "text",
     }
@@ -971,6 +973,7 @@ def test_controller_settings_mapping(pem_files: dict[str, str]) -> None:
         leader_election=True,
         leader_lock_path="nrc/prod/leader",
         leader_ttl_s=20.0,
+        activity_publish_interval_s=0.5,
         plan=PlanSettings(
             orphan_grace_ns=120 * SECOND,
             startup_timeout_ns=600 * SECOND,

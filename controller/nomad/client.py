@@ -50,6 +50,7 @@ from controller.nomad.gateway import (
     JobListing,
     JsonDict,
     Lock,
+    VariableStub,
     WriteResult,
 )
 
@@ -144,6 +145,7 @@ class NomadClient:
         self._job = nomad.api.Job(**settings)
         self._allocations = nomad.api.Allocations(**settings)
         self._variable = nomad.api.Variable(**settings)
+        self._variables = nomad.api.Variables(**settings)
         self._allocation = nomad.api.Allocation(**settings)
         self._node = nomad.api.Node(**settings)
         self._retrying = tenacity.Retrying(
@@ -378,6 +380,37 @@ class NomadClient:
                 json=body,
             ),
         )
+
+    def list_variables(self, prefix: str) -> tuple[VariableStub, ...]:
+        reply = self._call(
+            "list_variables",
+            lambda: self._variables.request(
+                method="get", params={"prefix": prefix, "namespace": self.namespace}
+            ),
+        )
+        if not isinstance(reply.body, list):
+            raise NomadAPIError(reply.status, f"variable list not a list: {reply.text[:200]}")
+        out: list[VariableStub] = []
+        for entry in reply.body:
+            path = entry.get("Path") if isinstance(entry, dict) else None
+            if not isinstance(path, str):
+                raise NomadAPIError(reply.status, f"variable stub without Path: {entry!r}"[:200])
+            out.append(VariableStub(path=path, modify_index=int(entry.get("ModifyIndex") or 0)))
+        return tuple(out)
+
+    def delete_variable(self, path: str, modify_index: int | None = None) -> bool:
+        params: dict[str, Any] = {"namespace": self.namespace}
+        if modify_index is not None:
+            params["cas"] = modify_index
+        # A check-and-set that lost answers 409 with the variable as it is now.
+        reply = self._call(
+            "delete_variable",
+            lambda: self._variable.request(
+                quote(path, safe="/"), method="delete", params=dict(params)
+            ),
+            final=lambda s, _: "conflict" if s == 409 and modify_index is not None else None,
+        )
+        return reply.status != 409
 
     def _lock_body(self, path: str, lock: JsonDict) -> JsonDict:
         return {"Path": path, "Namespace": self.namespace, "Lock": lock}

@@ -71,6 +71,14 @@ class Lock:
     lock_id: str
 
 
+@dataclass(frozen=True)
+class VariableStub:
+    """One entry of GET /v1/vars: a variable's path and the index of its last write."""
+
+    path: str
+    modify_index: int
+
+
 class NomadGateway(Protocol):
     """Reads and writes in one namespace (the gateway's own)."""
 
@@ -119,4 +127,14 @@ class NomadGateway(Protocol):
 
     def put_variable(self, path: str, items: dict[str, str]) -> None:
         """Create or overwrite the variable at `path` with these items (last writer wins)."""
+        ...
+
+    def list_variables(self, prefix: str) -> tuple[VariableStub, ...]:
+        """The variables whose path starts with `prefix`, without their items."""
+        ...
+
+    def delete_variable(self, path: str, modify_index: int | None = None) -> bool:
+        """Delete the variable at `path` (a missing one is not an error). With
+        `modify_index`, only if it was not written since (check-and-set);
+        False when it was, and nothing was deleted."""
         ...

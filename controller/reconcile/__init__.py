@@ -4,6 +4,7 @@
   of Nomad, and how it reads it;
 - `derive`, `plan` (pure), `expectations`, `act`, `writes`: from views to writes;
 - `claims`: claim, release, touch; `uses`: a runner's uses as tokens, and their registry;
+- `activity`: touches through any replica reach the leader that expires claims;
 - `queue`, `worker`, `reconciler`, `ratelimit`: the loop's machinery;
 - `prewarming`: adaptive pool sizes wired in;
 - `leader`: leader election; `facade`: `Pools`, all the API uses;

@@ -16,6 +16,12 @@ touch answers "expired" — even while the deregistration is still retried
 through a burst of Nomad errors — so no client is ever told its runner is
 alive by a process that is deleting it.
 
+Across replicas (leader election on): every replica serves touches and
+uses, the leader alone releases. Each replica's activity reaches the leader
+through Nomad variables (`activity`); the leader's inactivity timer is the
+newest of its own activity and what the last read found, and a read that
+failed decides no expiry. The exclusion above holds within the leader only.
+
 Losses: a reset claim is ended by an `EndClaim` write (the reason in meta,
 the job stopped) with EnforceIndex. A client is told a loss only once that
 write has landed — by the pass, or by its own request (`record_loss`), which
@@ -29,7 +35,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 from controller.clock import Clock
 from controller.metrics import Metrics
@@ -42,6 +49,15 @@ from controller.reconcile.uses import RunnerUse, Uses
 from controller.reconcile.writes import SpecWriter
 
 log = logging.getLogger(__name__)
+
+
+class SharesActivity(Protocol):
+    """The other replicas' activity (`activity.SharedActivity`): runner id →
+    ns, None when it cannot be known now."""
+
+    def read(self) -> Mapping[str, int] | None: ...
+
+    def known(self) -> Mapping[str, int] | None: ...
 
 
 class NoRunnerAvailable(Exception):
@@ -125,6 +141,17 @@ class Claims:
         # Timers are not in Nomad: after a restart they count from our start,
         # so a claim is never released earlier than its client could expect.
         self._started_ns = clock.now_ns()
+        self._shared: SharesActivity | None = None  # one replica: none
+
+    def share_activity(self, shared: SharesActivity) -> None:
+        """Several replicas: expiries also count the others' activity."""
+        self._shared = shared
+
+    def local_activity(self) -> tuple[dict[str, int], frozenset[str]]:
+        """This process's activity (runner id → ns) and the runners it uses now."""
+        busy = frozenset(use.runner_id for use in self.uses.in_flight())
+        with self._lock:
+            return dict(self._activity), busy
 
     def claim(self, env_id: int, timeout_s: int) -> RunnerView:
         if not self._can_serve():
@@ -301,29 +328,41 @@ class Claims:
             return True
 
     def last_activity(self, views: Iterable[RunnerView]) -> dict[str, int]:
-        """When each claimed runner was last touched (claim time or our start at least)."""
+        """When each claimed runner was last touched, through this replica or
+        (leader election on) any other (claim time or our start at least).
+        Reads the other replicas' activity from Nomad when it is due."""
+        views = tuple(views)
+        remote: Mapping[str, int] | None = {}
+        if self._shared is not None and any(_may_expire(v) for v in views):
+            remote = self._shared.read()  # an environment without timers reads nothing
         with self._lock:
-            return self._last_activity_locked(views)
+            return self._last_activity_locked(views, remote)
 
-    def _last_activity_locked(self, views: Iterable[RunnerView]) -> dict[str, int]:
+    def _last_activity_locked(
+        self, views: Iterable[RunnerView], remote: Mapping[str, int] | None
+    ) -> dict[str, int]:
         out: dict[str, int] = {}
         for v in views:
             if v.job.claim is None:
                 continue
             floor = max(v.job.claim.claimed_at, self._started_ns)
-            if self.uses.busy(v.id):
+            if remote is None or self.uses.busy(v.id):
+                # In use here, or the others' activity unknown: active now.
                 floor = max(floor, self._clock.now_ns())
+            elif v.id in remote:
+                floor = max(floor, remote[v.id])
             out[v.id] = max(self._activity.get(v.id, 0), floor)
         return out
 
     def _expired_locked(self, view: RunnerView, now_ns: int) -> bool:
-        claim = view.job.claim
-        if claim is None or claim.timeout <= 0 or claim.lost_reason is not None:
+        if not _may_expire(view):
             return False
         if view.id in self._expiring:
             return True
-        last = self._last_activity_locked([view])[view.id]
-        return now_ns >= last + claim.timeout * SECOND
+        remote = self._shared.known() if self._shared is not None else {}
+        last = self._last_activity_locked([view], remote)[view.id]
+        assert view.job.claim is not None
+        return now_ns >= last + view.job.claim.timeout * SECOND
 
     def release(self, runner_id: str) -> bool:
         """End a claim (deregister with purge). False when there is no such claim."""
@@ -382,3 +421,9 @@ class Claims:
             for runner_id in [r for r in self._activity if r not in present]:
                 del self._activity[runner_id]
             self._expiring &= present
+
+
+def _may_expire(view: RunnerView) -> bool:
+    """A claim with an inactivity timeout, not ended by a loss."""
+    claim = view.job.claim
+    return claim is not None and claim.timeout > 0 and claim.lost_reason is None

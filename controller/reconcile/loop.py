@@ -25,6 +25,7 @@ from controller.nomad import jobs
 from controller.nomad.events import EventRef
 from controller.nomad.gateway import NomadGateway
 from controller.reconcile.act import Actor
+from controller.reconcile.activity import SharedActivity, activity_prefix
 from controller.reconcile.claims import Claims, RunnerGuard
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.facade import Pools
@@ -66,6 +67,7 @@ class ControllerSettings:
     leader_election: bool = False
     leader_lock_path: str = "nomad-runner-controller/leader"
     leader_ttl_s: float = 15.0
+    activity_publish_interval_s: float = 1.0  # leader election only (activity.py)
     plan: PlanSettings = field(default_factory=PlanSettings)
     prewarm: PrewarmSettings = field(default_factory=PrewarmSettings)
     template: jobs.TemplatePolicy = field(default_factory=jobs.TemplatePolicy)
@@ -177,6 +179,24 @@ class Controller:
         self._threads: list[threading.Thread] = []
         self._stream_was_connected = False
         self.metrics.leader.labels(CONTROLLER).set(1 if self.elector is None else 0)
+        # Several replicas: a touch through any of them reaches the leader,
+        # which alone releases expired claims (activity.py).
+        self.activity: SharedActivity | None = None
+        if self.elector is not None:
+            self.activity = SharedActivity(
+                store=gateway,
+                prefix=activity_prefix(s.leader_lock_path),
+                clock=self.clock,
+                metrics=self.metrics,
+                interval_s=s.activity_publish_interval_s,
+                local=self.claims.local_activity,
+                claimed=lambda: (
+                    {r for r, v in self.observer.snapshot.runners.items() if v.claimed}
+                    if self.observer.observed_once
+                    else None
+                ),
+            )
+            self.claims.share_activity(self.activity)
 
     @property
     def passes(self) -> int:
@@ -191,6 +211,9 @@ class Controller:
         self._spawn(self._resync, "nrc-resync")
         # Every replica serves claims from its snapshot: every one follows events.
         self._spawn(lambda: self.observer.follow(self._stop), "nrc-observe")
+        if self.activity is not None:
+            activity = self.activity
+            self._spawn(lambda: activity.run(self._stop), "nrc-activity")  # withdraws at stop
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)

@@ -31,6 +31,12 @@ namespace "runners" {
     path "nomad-runner-controller/leader" {
       capabilities = ["read", "write"]
     }
+    # With leader election: each replica publishes the runners touched
+    # through it under the lock's path; the leader lists and reads them all,
+    # and deletes what a stopped or crashed replica left (docs/inactivity.md).
+    path "nomad-runner-controller/leader/activity/*" {
+      capabilities = ["list", "read", "write", "destroy"]
+    }
     # Adaptive prewarming (NRC_PREWARM_POLICY=adaptive): one variable per
     # environment holds its claim history across restarts.
     path "nomad-runner-controller/prewarm/*" {

@@ -11,6 +11,7 @@ from typing import Any
 import hcl2
 
 from controller.config import load_settings, variables
+from controller.reconcile.activity import activity_prefix
 from controller.reconcile.prewarming import PrewarmSettings
 from tests.deploy.support import ACL_POLICY, JOB_FILE, image_env
 
@@ -182,8 +183,11 @@ def test_the_acl_policy_grants_exactly_what_the_controller_uses() -> None:
     assert lock_path == load_settings({}).leader_lock_path
     # Adaptive prewarming's histories: one variable per environment.
     prewarm_paths = PrewarmSettings().variable_prefix + "/*"
-    assert list(paths) == [lock_path, prewarm_paths]
+    # Runner activity shared between replicas (reconcile/activity.py).
+    activity_paths = activity_prefix(lock_path) + "/*"
+    assert list(paths) == [lock_path, activity_paths, prewarm_paths]
     assert sorted(paths[lock_path]["capabilities"]) == ["read", "write"]
+    assert sorted(paths[activity_paths]["capabilities"]) == ["destroy", "list", "read", "write"]
     assert sorted(paths[prewarm_paths]["capabilities"]) == ["read", "write"]
     assert one(policy, "node") == {"policy": "read"}
 

@@ -506,3 +506,29 @@ def test_a_variable_beside_a_held_lock_is_writable(shared: SimServer, ns: str) -
     client.lock_acquire("nrc/leader", ttl_s=15, lock_delay_s=15)
     client.put_variable("nrc/prewarm/1", {"history": "x"})
     assert client.get_variable("nrc/prewarm/1") == {"history": "x"}
+
+
+def test_variables_listed_by_prefix_and_deleted_with_check_and_set(
+    shared: SimServer, ns: str
+) -> None:
+    client, recorder = make_client(shared.address, namespace=ns)
+    client.lock_acquire("nrc/leader", ttl_s=15, lock_delay_s=15)
+    client.put_variable("nrc/leader/activity/a/0", {"r1": "1"})
+    client.put_variable("nrc/leader/activity/b/0", {"r2": "2"})
+    client.put_variable("nrc/prewarm/1", {"history": "x"})
+    listed = client.list_variables("nrc/leader/activity/")
+    assert [v.path for v in listed] == ["nrc/leader/activity/a/0", "nrc/leader/activity/b/0"]
+    a_index = listed[0].modify_index
+    assert a_index > 0
+    other, _ = make_client(shared.address, namespace=ns + "-other")
+    assert other.list_variables("nrc/") == ()  # the client's namespace only
+
+    client.put_variable("nrc/leader/activity/a/0", {"r1": "3"})  # written since the list
+    assert client.delete_variable("nrc/leader/activity/a/0", a_index) is False
+    assert recorder.outcomes("delete_variable") == ["conflict"]
+    assert client.get_variable("nrc/leader/activity/a/0") == {"r1": "3"}
+    (now,) = [v for v in client.list_variables("nrc/leader/activity/a/")]
+    assert client.delete_variable(now.path, now.modify_index) is True
+    assert client.delete_variable("nrc/leader/activity/b/0") is True
+    assert client.delete_variable("nrc/leader/activity/b/0") is True  # already gone
+    assert client.list_variables("nrc/leader/activity/") == ()

@@ -13,7 +13,9 @@ could never produce (say `started_at=0`) is refused when stored.
 It enforces what the controller relies on: `EnforceIndex` on register (0 =
 the job must not exist; otherwise the job's JobModifyIndex must equal it,
 else `IndexConflict`) and Nomad's variable locks (`FakeLocks`, which
-replicas share). Every write is recorded so tests can count what the
+replicas share); variables take a ModifyIndex from the one Raft index,
+are listed by prefix, deleted with check-and-set, and refused without
+items. Every write is recorded so tests can count what the
 controller did, every read so they can see what it looked at. Allocations
 are set by the test (`put_alloc`, `run`); nothing is scheduled on its own.
 
@@ -42,6 +44,7 @@ from controller.nomad.gateway import (
     Lock,
     LockHeld,
     NomadAPIError,
+    VariableStub,
     WriteResult,
 )
 
@@ -193,7 +196,9 @@ class FakeNomad:
         self.reads: list[str] = []  # "get_job <id>", "list_jobs", ... in call order
         self.lock_calls: list[tuple[str, object]] = []  # ("acquire", (path, ttl, delay)), ...
         self.variables: dict[str, dict[str, str]] = {}  # path → items
-        self.variable_writes: list[str] = []  # paths, in call order
+        self.variable_indexes: dict[str, int] = {}  # path → ModifyIndex
+        self.variable_writes: list[str] = []  # paths, in call order (deletes too)
+        self.variable_reads: list[str] = []  # "list <prefix>", "get <path>", in call order
 
         # -- what tests set
         # Called before a register is applied; may raise (e.g. IndexConflict) to refuse it.
@@ -412,12 +417,37 @@ class FakeNomad:
     # -- NomadGateway: variables -------------------------------------------------------------
 
     def get_variable(self, path: str) -> dict[str, str] | None:
+        self.variable_reads.append(f"get {path}")
         items = self.variables.get(path)
         return dict(items) if items is not None else None
 
     def put_variable(self, path: str, items: dict[str, str]) -> None:
+        if not items:
+            # Nomad refuses a variable without items.
+            raise NomadAPIError(400, "variable missing required Items object")
         self.variable_writes.append(path)
+        self.index += 1
         self.variables[path] = dict(items)
+        self.variable_indexes[path] = self.index
+
+    def list_variables(self, prefix: str) -> tuple[VariableStub, ...]:
+        self.variable_reads.append(f"list {prefix}")
+        return tuple(
+            VariableStub(path, self.variable_indexes.get(path, 0))
+            for path in sorted(self.variables)
+            if path.startswith(prefix)
+        )
+
+    def delete_variable(self, path: str, modify_index: int | None = None) -> bool:
+        current = self.variable_indexes.get(path, 0)
+        if modify_index is not None and current != modify_index:
+            return False
+        self.variable_writes.append(f"delete {path}")
+        if path in self.variables:
+            self.index += 1
+            del self.variables[path]
+            del self.variable_indexes[path]
+        return True
 
     # -- inside ------------------------------------------------------------------------------
 
