@@ -71,6 +71,8 @@ class Service:
     app: FastAPI
     drain: Drain
     relay: Relay
+    # With ids other replicas take: how many issued here still wait (the drain waits).
+    ids_waiting: Callable[[], int] | None = None
 
 
 def build(settings: Settings, nomad_address: str | None = None) -> Service:
@@ -151,7 +153,8 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
         drain=drain,
         issuers=IssuerClient(signer, controller.pools.clock) if signer is not None else None,
     )
-    return Service(settings, controller, app, drain, execution.relay)
+    ids_waiting = execution.store.waiting if signer is not None else None
+    return Service(settings, controller, app, drain, execution.relay, ids_waiting)
 
 
 class _Server(uvicorn.Server):
@@ -209,6 +212,7 @@ class _Server(uvicorn.Server):
                 end_executions=relay.end_all,
                 executions_ended=relay.wait_background,
                 grace_s=settings.shutdown_grace_s,
+                ids_waiting=service.ids_waiting,
             )
             log.info(
                 "drained: %s",

@@ -123,6 +123,13 @@ class ExecutionStore:
             del self._pending[execution_id]
             return execution
 
+    def waiting(self) -> int:
+        """Ids that may still be taken (the expired ones dropped)."""
+        now = self._clock.monotonic()
+        with self._lock:
+            self._drop_expired(now)
+            return len(self._pending)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._pending)
