@@ -412,7 +412,7 @@ class Settings(BaseSettings):
         alias="NRC_REPLICA_SECRET",
         description="Key the replicas share to sign execution ids and the takes between "
         "them (secret, 32 characters or more); unset: derived from NRC_API_TOKEN "
-        '(docs/operations.md, "Replicas").',
+        '(docs/architecture.md, "Execution ids across replicas").',
         json_schema_extra=_allowed(
             f"a secret of {MIN_REPLICA_SECRET_LENGTH} or more characters without whitespace "
             "or control characters",
