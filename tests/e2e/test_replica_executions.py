@@ -26,43 +26,51 @@ from tests.support.ports import free_port
 from tests.support.world import AUTH, ENV, World, read_all
 
 SECRET = "replicas-share-this-secret-0123456789"
+Pair = tuple[World, World, list[str]]
 
 
 @contextlib.contextmanager
-def replicas(make_sim: Any, **environ: str) -> Iterator[tuple[World, World]]:
+def replicas(
+    make_sim: Any, claims: int = 1, advertise: bool = True, **environ: str
+) -> Iterator[tuple[World, World, list[str]]]:
+    """A and B, and `claims` runners claimed through A that B has seen.
+
+    Both replicas reconcile (no leader election, so both serve): B starts
+    only after A's claims, so that its pool upkeep, racing A's, can never
+    take an idle runner A is about to claim (a race of two reconcilers that
+    leader election, not this test, is about)."""
     sim = make_sim(nodes=2)
     servers: list[ApiServer] = []
+
+    def start() -> World:
+        port = free_port()
+        shared = (
+            {"NRC_API_ADVERTISE_URL": f"http://127.0.0.1:{port}", "NRC_REPLICA_SECRET": SECRET}
+            if advertise
+            else {}
+        )
+        settings = sim_settings(sim, NRC_LEADER_ELECTION="false", **shared, **environ)
+        servers.append(ApiServer(settings, port).start())
+        return World(sim, servers[-1])
+
     try:
-        for _ in range(2):
-            port = free_port()
-            settings = sim_settings(
-                sim,
-                NRC_LEADER_ELECTION="false",
-                NRC_API_ADVERTISE_URL=f"http://127.0.0.1:{port}",
-                NRC_REPLICA_SECRET=SECRET,
-                **environ,
-            )
-            servers.append(ApiServer(settings, port).start())
-        for server in servers:
-            server.controller.pools.put_environment(ENV)
-        a, b = servers
-        yield World(sim, a), World(sim, b)
+        a = start()
+        a.api.controller.pools.put_environment(ENV)
+        runners = [a.claim() for _ in range(claims)]
+        b = start()
+        wait_until(
+            lambda: all(b.runner_status(r)[0] == 200 for r in runners), timeout=10, interval=0.05
+        )
+        yield a, b, runners
     finally:
         for server in servers:
             server.stop()
 
 
 @pytest.fixture
-def pair(make_sim: Any) -> Iterator[tuple[World, World]]:
+def pair(make_sim: Any) -> Iterator[tuple[World, World, list[str]]]:
     with replicas(make_sim) as worlds:
         yield worlds
-
-
-def claimed_on_both(a: World, b: World) -> str:
-    """A runner claimed through A, once B has seen the claim."""
-    runner = a.claim()
-    wait_until(lambda: b.runner_status(runner)[0] == 200, timeout=10, interval=0.05)
-    return runner
 
 
 def through(world: World, ws_url: str) -> str:
@@ -88,9 +96,8 @@ def refusal(world: World, ws_url: str) -> tuple[int, str]:
     return response.status_code, response.body.decode() if response.body else ""
 
 
-def test_an_id_from_one_replica_runs_through_the_other(pair: tuple[World, World]) -> None:
-    a, b = pair
-    runner = claimed_on_both(a, b)
+def test_an_id_from_one_replica_runs_through_the_other(pair: Pair) -> None:
+    a, b, (runner,) = pair
     ws_url = a.execute(
         runner, 'printf "%s" "$GREETING"; echo; exit 3', environment={"GREETING": "hi"}
     )
@@ -106,9 +113,8 @@ def test_an_id_from_one_replica_runs_through_the_other(pair: tuple[World, World]
         assert read_all(ws, time.monotonic()).stdout == id_of(marker).split(".")[0] + "\r\n"
 
 
-def test_a_replayed_id_is_404_on_every_replica(pair: tuple[World, World]) -> None:
-    a, b = pair
-    runner = claimed_on_both(a, b)
+def test_a_replayed_id_is_404_on_every_replica(pair: Pair) -> None:
+    a, b, (runner,) = pair
     ws_url = a.execute(runner, "echo once")
     with b.connect(through(b, ws_url)) as ws:
         assert read_all(ws, time.monotonic()).stdout == "once\r\n"
@@ -121,9 +127,12 @@ def test_a_replayed_id_is_404_on_every_replica(pair: tuple[World, World]) -> Non
     assert refusal(b, through(b, again))[0] == 404
 
 
-def test_another_runners_path_does_not_spend_the_id(pair: tuple[World, World]) -> None:
-    a, b = pair
-    mine, other = claimed_on_both(a, b), claimed_on_both(a, b)
+def test_another_runners_path_does_not_spend_the_id(make_sim: Any) -> None:
+    with replicas(make_sim, claims=2) as (a, b, (mine, other)):
+        check_another_runners_path(a, b, mine, other)
+
+
+def check_another_runners_path(a: World, b: World, mine: str, other: str) -> None:
     ws_url = a.execute(mine, "echo mine")
     elsewhere = through(b, ws_url).replace(f"/runners/{mine}/", f"/runners/{other}/")
     assert refusal(b, elsewhere)[0] == 404
@@ -132,8 +141,7 @@ def test_another_runners_path_does_not_spend_the_id(pair: tuple[World, World]) -
 
 
 def test_an_expired_id_is_404_on_both(make_sim: Any) -> None:
-    with replicas(make_sim, NRC_EXECUTION_ID_TTL="1s") as (a, b):
-        runner = claimed_on_both(a, b)
+    with replicas(make_sim, NRC_EXECUTION_ID_TTL="1s") as (a, b, (runner,)):
         first, second = a.execute(runner, "echo late"), a.execute(runner, "echo late")
         executed = time.monotonic()
         # The ids' lifetime is the condition waited for (no connect may try them earlier).
@@ -161,11 +169,8 @@ def was_called(sock: socket.socket) -> bool:
     return True
 
 
-def test_a_forged_or_altered_id_is_404_without_any_outbound_call(
-    pair: tuple[World, World],
-) -> None:
-    a, b = pair
-    runner = claimed_on_both(a, b)
+def test_a_forged_or_altered_id_is_404_without_any_outbound_call(pair: Pair) -> None:
+    a, b, (runner,) = pair
     ws_url = a.execute(runner, "echo real")
     real = id_of(ws_url)
     nonce, _, mac = real.split(".")
@@ -182,9 +187,8 @@ def test_a_forged_or_altered_id_is_404_without_any_outbound_call(
         assert read_all(ws, time.monotonic()).stdout == "real\r\n"
 
 
-def test_an_issuer_that_cannot_be_reached_is_503(pair: tuple[World, World]) -> None:
-    a, b = pair
-    runner = claimed_on_both(a, b)
+def test_an_issuer_that_cannot_be_reached_is_503(pair: Pair) -> None:
+    a, b, (runner,) = pair
     ws_url = a.execute(runner, "echo never")
     shared = replica_key(SECRET, None)
     assert shared is not None
@@ -200,9 +204,8 @@ def test_an_issuer_that_cannot_be_reached_is_503(pair: tuple[World, World]) -> N
     assert refusal(b, with_id(through(b, ws_url), gone))[0] == 503
 
 
-def test_a_draining_issuer_still_answers_the_take(pair: tuple[World, World]) -> None:
-    a, b = pair
-    runner = claimed_on_both(a, b)
+def test_a_draining_issuer_still_answers_the_take(pair: Pair) -> None:
+    a, b, (runner,) = pair
     ws_url = a.execute(runner, "echo drained")
     a.api.service.drain.begin()  # as on SIGTERM: A refuses new work
     refused = requests.post(
@@ -216,18 +219,9 @@ def test_a_draining_issuer_still_answers_the_take(pair: tuple[World, World]) -> 
 
 
 def test_without_an_advertised_url_ids_stay_on_their_replica(make_sim: Any) -> None:
-    sim = make_sim(nodes=2)
-    servers = [ApiServer(sim_settings(sim, NRC_LEADER_ELECTION="false")).start() for _ in range(2)]
-    try:
-        for server in servers:
-            server.controller.pools.put_environment(ENV)
-        a, b = (World(sim, server) for server in servers)
-        runner = claimed_on_both(a, b)
+    with replicas(make_sim, advertise=False) as (a, b, (runner,)):
         ws_url = a.execute(runner, "echo local")
         assert "." not in id_of(ws_url)
         assert refusal(b, through(b, ws_url))[0] == 404
         with a.connect(ws_url) as ws:
             assert read_all(ws, time.monotonic()).stdout == "local\r\n"
-    finally:
-        for server in servers:
-            server.stop()
