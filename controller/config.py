@@ -47,6 +47,7 @@ from pydantic_settings import (
 )
 
 from controller.execution.command import ExecSettings, parse_wrapper
+from controller.execution.ids import Signer, replica_key
 from controller.execution.service import ExecutionSettings
 from controller.execution.store import Limits
 from controller.files.service import FileSettings
@@ -278,6 +279,7 @@ def _allowed(text: str, *, duration: bool = False, secret: bool = False) -> dict
 
 
 MIN_API_TOKEN_LENGTH = 16
+MIN_REPLICA_SECRET_LENGTH = 32
 
 
 def is_loopback(host: str) -> bool:
@@ -397,6 +399,28 @@ class Settings(BaseSettings):
         description="Build websocketUrl from X-Forwarded-Proto and X-Forwarded-Host (only "
         "behind a proxy that sets them).",
         json_schema_extra=_allowed(_BOOLEAN),
+    )
+    api_advertise_url: str | None = Field(
+        default=None,
+        alias="NRC_API_ADVERTISE_URL",
+        description="URL at which the other replicas reach this one's API (in a Nomad job "
+        "http://${NOMAD_ADDR_http}): a websocketUrl it answers then works on every replica "
+        "sharing the key (NRC_REPLICA_SECRET); unset, only on this one.",
+        json_schema_extra=_allowed(
+            "an http:// or https:// URL without path, such as http://10.0.0.5:7200"
+        ),
+    )
+    replica_secret: SecretStr | None = Field(
+        default=None,
+        alias="NRC_REPLICA_SECRET",
+        description="Key the replicas share to sign execution ids and the takes between "
+        "them (secret, 32 characters or more); unset: derived from NRC_API_TOKEN "
+        '(docs/architecture.md, "Execution ids across replicas").',
+        json_schema_extra=_allowed(
+            f"a secret of {MIN_REPLICA_SECRET_LENGTH} or more characters without whitespace "
+            "or control characters",
+            secret=True,
+        ),
     )
     shutdown_grace_s: Duration = Field(
         default=20.0,
@@ -888,6 +912,32 @@ class Settings(BaseSettings):
             raise ValueError("credentials, query or fragment")
         return value.strip().rstrip("/")
 
+    @field_validator("api_advertise_url")
+    @classmethod
+    def _check_advertise_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.port == 0:
+            raise ValueError("not an http(s) URL")
+        if parts.username is not None or parts.query or parts.fragment:
+            raise ValueError("credentials, query or fragment")
+        if parts.path not in ("", "/"):
+            raise ValueError("a path (the API's own paths are added to it)")
+        return value.strip().rstrip("/")
+
+    @field_validator("replica_secret")
+    @classmethod
+    def _check_replica_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        secret = value.get_secret_value()
+        if not _NO_SPACE.fullmatch(secret):
+            raise ValueError("whitespace in secret")
+        if len(secret) < MIN_REPLICA_SECRET_LENGTH:
+            raise ValueError(f"shorter than {MIN_REPLICA_SECRET_LENGTH} characters")
+        return value
+
     @field_validator("nomad_token", "api_token")
     @classmethod
     def _check_token(cls, value: SecretStr | None) -> SecretStr | None:
@@ -1099,6 +1149,27 @@ class Settings(BaseSettings):
             broken_as_exit_zero=self.exec_broken_end == "exit0",
             signal_loss_window_s=self.exec_signal_loss_window_s,
             loss_settle_s=self.loss_settle_s,
+            ids=self.id_signer(),
+        )
+
+    def id_signer(self) -> Signer | None:
+        """How execution ids name this replica; None (ids stay local) without
+        NRC_API_ADVERTISE_URL or without a key (NRC_REPLICA_SECRET, NRC_API_TOKEN)."""
+        secret = self.replica_secret.get_secret_value() if self.replica_secret else None
+        key = replica_key(secret, self.api_auth_token)
+        if self.api_advertise_url is None or key is None:
+            return None
+        return Signer(self.api_advertise_url, key)
+
+    def replicas_problem(self) -> str | None:
+        """The startup warning when ids cannot leave this replica although
+        NRC_API_ADVERTISE_URL says replicas share them."""
+        if self.api_advertise_url is None or self.id_signer() is not None:
+            return None
+        return (
+            "NRC_API_ADVERTISE_URL is set but neither NRC_REPLICA_SECRET nor NRC_API_TOKEN "
+            "is: execution ids are not signed, so a websocketUrl works only on the replica "
+            "that answered it"
         )
 
     def file_settings(self) -> FileSettings:
@@ -1244,7 +1315,7 @@ def _shown_input(info: FieldInfo, var: str, value: str | None) -> str | None:
     """The rejected value quoted for an error line, or None if it must not be shown."""
     if _is_secret(info) or value is None:
         return None
-    if var == "NOMAD_ADDR" and "@" in value:
+    if var in ("NOMAD_ADDR", "NRC_API_ADVERTISE_URL") and "@" in value:
         return None  # may hold user:password
     if len(value) > 80:
         value = value[:77] + "..."

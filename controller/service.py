@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 import uvicorn
 from fastapi import FastAPI
@@ -27,6 +28,7 @@ from controller.api.app import create_app
 from controller.api.drain import Drain, describe_uses, run_drain
 from controller.api.executions import WebSocketUrls
 from controller.api.guard import allowed_hosts
+from controller.api.replicas import IssuerClient
 from controller.api.uploads import UploadSettings
 from controller.config import Settings
 from controller.execution.relay import Relay
@@ -69,6 +71,8 @@ class Service:
     app: FastAPI
     drain: Drain
     relay: Relay
+    # With ids other replicas take: how many issued here still wait (the drain waits).
+    ids_waiting: Callable[[], int] | None = None
 
 
 def build(settings: Settings, nomad_address: str | None = None) -> Service:
@@ -118,14 +122,18 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
         on_request=metrics.record_request,
         budget=budget,
     )
-    execution = executions(controller.pools, exec_client, settings.execution_settings())
+    execution_settings = settings.execution_settings()
+    execution = executions(controller.pools, exec_client, execution_settings)
     drain = Drain()
+    signer = execution_settings.ids
+    hosts = allowed_hosts((settings.api_allowed_hosts or "").split(","), settings.api_host)
+    if signer is not None and hosts is not None:
+        # The other replicas' takes arrive with the advertised URL's Host.
+        hosts = hosts | {urlsplit(signer.url).hostname or ""}
     app = create_app(
         controller.pools,
         api_token=settings.api_auth_token,
-        allowed_hosts=allowed_hosts(
-            (settings.api_allowed_hosts or "").split(","), settings.api_host
-        ),
+        allowed_hosts=hosts,
         allowed_origins=tuple((settings.api_allowed_origins or "").split(","))
         if settings.api_allowed_origins
         else (),
@@ -143,8 +151,10 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
         ),
         max_upload_bytes=settings.files_max_upload_bytes,
         drain=drain,
+        issuers=IssuerClient(signer, controller.pools.clock) if signer is not None else None,
     )
-    return Service(settings, controller, app, drain, execution.relay)
+    ids_waiting = execution.store.waiting if signer is not None else None
+    return Service(settings, controller, app, drain, execution.relay, ids_waiting)
 
 
 class _Server(uvicorn.Server):
@@ -202,6 +212,7 @@ class _Server(uvicorn.Server):
                 end_executions=relay.end_all,
                 executions_ended=relay.wait_background,
                 grace_s=settings.shutdown_grace_s,
+                ids_waiting=service.ids_waiting,
             )
             log.info(
                 "drained: %s",
@@ -294,7 +305,8 @@ def _stoppable_start() -> Iterator[None]:
 def _secrets(settings: Settings) -> list[str]:
     """The values no log line may show."""
     nomad = settings.nomad_token.get_secret_value() if settings.nomad_token else None
-    return [s for s in (settings.api_auth_token, nomad) if s]
+    replica = settings.replica_secret.get_secret_value() if settings.replica_secret else None
+    return [s for s in (settings.api_auth_token, nomad, replica) if s]
 
 
 def run(settings: Settings) -> int:
@@ -305,6 +317,9 @@ def run(settings: Settings) -> int:
             "NRC_API_TOKEN is not set: the API on %s takes requests without authentication",
             settings.api_host,
         )
+    replicas = settings.replicas_problem()
+    if replicas is not None:
+        log.warning("%s", replicas)
     try:
         with _stoppable_start():
             service = build(settings)

@@ -26,6 +26,7 @@ from controller.config import (
     render_table,
     variables,
 )
+from controller.execution.ids import replica_key
 from controller.model import SECOND
 from controller.nomad.client import NomadClient
 from controller.nomad.connection import NomadConnection
@@ -54,6 +55,8 @@ ALL_VARIABLES = [
     "NRC_API_TOKEN",
     "NRC_API_WEBSOCKET_SCHEME",
     "NRC_API_TRUST_PROXY_HEADERS",
+    "NRC_API_ADVERTISE_URL",
+    "NRC_REPLICA_SECRET",
     "NRC_SHUTDOWN_GRACE",
     "NRC_EXEC_TASK",
     "NRC_EXEC_UNPRIVILEGED_WRAPPER",
@@ -801,6 +804,45 @@ def test_the_api_fails_closed_without_a_token() -> None:
         "NRC_API_TOKEN: must be a token of 16 or more characters without whitespace or "
         "control characters"
     ]
+
+
+def test_execution_ids_name_this_replica_only_with_an_advertised_url_and_a_key() -> None:
+    assert load_settings({}).execution_settings().ids is None
+    token = {"NRC_API_TOKEN": API_TOKEN}
+    assert load_settings(token).execution_settings().ids is None  # not advertised
+    advertised = {"NRC_API_ADVERTISE_URL": "http://10.0.0.5:23456/"}
+    alone = load_settings(advertised)
+    assert alone.execution_settings().ids is None
+    assert "NRC_REPLICA_SECRET nor NRC_API_TOKEN" in (alone.replicas_problem() or "")
+    assert load_settings(token).replicas_problem() is None
+    from_token = load_settings({**advertised, **token}).execution_settings().ids
+    assert from_token is not None and from_token.url == "http://10.0.0.5:23456"
+    assert from_token.key == replica_key(None, API_TOKEN)
+    secret = "s" * 32
+    own = load_settings({**advertised, **token, "NRC_REPLICA_SECRET": secret}).id_signer()
+    assert own is not None and own.key == replica_key(secret, None) != from_token.key
+    assert load_settings({**advertised, "NRC_REPLICA_SECRET": secret}).replicas_problem() is None
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("10.0.0.5:7200", "NRC_API_ADVERTISE_URL: must be an http:// or https:// URL without path"),
+        ("http://10.0.0.5:7200/api", "NRC_API_ADVERTISE_URL: must be an http:// or https:// URL"),
+        ("http://u:p@10.0.0.5", "NRC_API_ADVERTISE_URL: must be an http:// or https:// URL"),
+    ],
+)
+def test_the_advertised_url_is_a_base_url(value: str, problem: str) -> None:
+    (line,) = problems_of({"NRC_API_ADVERTISE_URL": value})
+    assert line.startswith(problem)
+    assert "u:p@" not in line
+
+
+@pytest.mark.parametrize("secret", ["s" * 31, "a secret with spaces in it, 40 characters"])
+def test_a_short_or_spaced_replica_secret_is_refused_without_echo(secret: str) -> None:
+    (line,) = problems_of({"NRC_REPLICA_SECRET": secret})
+    assert line.startswith("NRC_REPLICA_SECRET: must be a secret of 32 or more characters")
+    assert secret not in line
 
 
 def test_credentials_in_nomad_addr_are_not_echoed() -> None:

@@ -11,7 +11,8 @@
 - `openapi`: `/openapi.json` as the API answers;
 - `drain`: the graceful drain on SIGTERM (new work refused, the rest ends);
 - `guard`: browser defences (trusted Host, JSON content type, WebSocket Origin);
-- `uploads`: bounds on uploads; `head_deadline`: a deadline on request heads.
+- `uploads`: bounds on uploads; `head_deadline`: a deadline on request heads;
+- `replicas`: another replica's execution id, taken from the replica that issued it.
 """
 
 from controller.api.app import create_app

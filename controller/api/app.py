@@ -3,7 +3,10 @@
 The API is Poseidon's (0.2.2) for runners, execution environments, statistics,
 health and version, under `/api/v1`, plus `GET /api/v1/runners/{id}` and, at
 the root, `/healthz`, `/readyz` and `/metrics`. It never talks to Nomad
-itself: every route calls the controller, which owns all state.
+itself: every route calls the controller, which owns all state. With
+`issuers`, replicas take each other's execution ids over
+`/internal/v1/executions/{id}` (`controller.api.replicas`; not in the OpenAPI
+description).
 
 Layers, outermost first: `CatchAll` (500 UNKNOWN for anything unhandled),
 `TrustedHost` (400, `guard`), `DrainGate` (503 SHUTTING_DOWN for new work
@@ -42,6 +45,7 @@ from controller.api.body import (
 from controller.api.drain import Drain, DrainGate
 from controller.api.executions import WebSocketUrls
 from controller.api.guard import TrustedHost
+from controller.api.replicas import IssuerClient, internal_router
 from controller.api.uploads import BodyIdle, UploadGate, UploadSettings
 from controller.execution.service import Executions, NoExec
 from controller.execution.service import executions as default_executions
@@ -95,11 +99,13 @@ def create_app(
     allowed_origins: tuple[str, ...] = (),
     upload_settings: UploadSettings | None = None,
     drain: Drain | None = None,
+    issuers: IssuerClient | None = None,
 ) -> FastAPI:
     """The API application; the caller runs it (uvicorn) and owns the controller.
     Without `execution`, executions end with an error frame (no Nomad exec).
     `allowed_hosts`: the trusted `Host` names (None: any); `allowed_origins`:
-    the browser origins the execution WebSocket accepts (`guard`)."""
+    the browser origins the execution WebSocket accepts (`guard`); `issuers`:
+    how execution ids of other replicas are taken (None: ids stay local)."""
     if max_pool_size < 0:
         raise ValueError("max_pool_size must not be negative")
     if not 0.0 <= pool_alert_threshold <= 1.0:
@@ -128,9 +134,12 @@ def create_app(
             websocket_urls or WebSocketUrls(),
             API_PREFIX,
             allowed_origins,
+            issuers,
         ),
         prefix=API_PREFIX,
     )
+    if issuers is not None:
+        app.include_router(internal_router(execution.store, issuers.signer, pools.clock))
     file_service = file_service or Files(NoExec(), pools.metrics)
     app.include_router(
         files.router(execution.runners, file_service, pools.metrics, protected, max_upload_bytes),

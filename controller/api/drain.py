@@ -12,8 +12,11 @@ cutting a student off"):
 2. The replica steps down: the prewarm history is saved and the leader lock
    released, so a follower takes over pool upkeep within about a second
    instead of a lock TTL.
-3. Running executions and file operations go on until they end, or until the
-   grace (`NRC_SHUTDOWN_GRACE`) runs out; then every execution still running
+3. Running executions and file operations go on until they end, and, when
+   replicas share execution ids (NRC_API_ADVERTISE_URL), the ids this replica
+   issued wait to be taken (another replica takes them over the internal
+   route, which the gate never refuses), or until the grace
+   (`NRC_SHUTDOWN_GRACE`) runs out; then every execution still running
    is ended with an `error` frame saying the controller is shutting down (and
    its command killed as on a timeout) — never a silent cut.
 4. Then uvicorn is told to exit, and the process exits 0. A second signal
@@ -73,6 +76,8 @@ class Drain:
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """True once nothing is in flight, False when `timeout_s` ran out first."""
+        if self._idle.is_set():  # even with no time left
+            return True
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
         except TimeoutError:
@@ -110,7 +115,8 @@ class DrainGate:
             await self.app(scope, receive, send)
             return
         # An execution asked for before the drain is still served: its id
-        # lives on this replica only.
+        # lives on this replica only. (Another replica's take of it, on
+        # /internal/v1/executions, is not matched here: always served.)
         if self.drain.draining and match.lastgroup != "websocket":
             response = error_response(503, SHUTTING_DOWN_MESSAGE, ErrorCode.SHUTTING_DOWN)
             response.headers["Retry-After"] = str(RETRY_AFTER_S)
@@ -140,11 +146,22 @@ async def run_drain(
     executions_ended: Callable[[], Awaitable[None]],
     grace_s: float,
     last_frames_s: float = 5.0,
+    ids_waiting: Callable[[], int] | None = None,
+    poll_s: float = 0.1,
 ) -> bool:
-    """Steps 1-3 of the protocol; True when everything ended within the grace."""
+    """Steps 1-3 of the protocol; True when everything ended within the grace.
+    `ids_waiting`: how many execution ids issued here still wait to be taken
+    (the store is another thread's, so it is read every `poll_s`)."""
     drain.begin()
     await step_down()
-    ended = await drain.wait_idle(grace_s)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    if ids_waiting is not None:
+        # Ids leave by takes on worker threads and by expiring, which nothing
+        # signals: a poll of the store's count is the honest wait here.
+        while ids_waiting() and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(poll_s)
+    ended = await drain.wait_idle(max(0.0, deadline - loop.time()))
     if not ended:
         end_executions()
 

@@ -5,8 +5,13 @@ WebSocket) runs it and relays its output as Poseidon's frames.
 The WebSocket's refusals are real HTTP answers before the upgrade, in the
 API's error shape: 401 without the token (checked first, as Poseidon does),
 410 for an unknown, released or lost runner (naming the loss), 404 for an
-execution id that is unknown, used or expired. Only then is the connection
-accepted and handed to the relay (`controller.execution.relay`).
+execution id that is unknown, used or expired, 503 when the replica that
+issued it cannot be reached. Only then is the connection accepted and handed
+to the relay (`controller.execution.relay`).
+
+An id this replica's store does not hold may be another replica's: with
+`issuers` (NRC_API_ADVERTISE_URL and the replicas' key), it is taken from the
+replica that issued it (`controller.api.replicas`) and run here.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from controller.api.errors import (
 )
 from controller.api.guard import origin_allowed
 from controller.api.models import ErrorCode, ExecutionCreated, ExecutionRequest
+from controller.api.replicas import IssuerClient, IssuerUnreachable
 from controller.dataplane.runners import ClaimedRunners, Unusable
 from controller.execution.command import ExecutionRequest as Command
 from controller.execution.frames import Frame, encode
@@ -47,7 +53,8 @@ WEBSOCKET_DESCRIPTION = """\
 Connect with a WebSocket upgrade and the API token (as for every route) to run
 the command stored by `/execute`. Refusals are plain HTTP answers before the
 upgrade: 401, 410 (the runner is unknown, released or lost; the message names
-the loss), 404 (the execution id is unknown, already used or expired).
+the loss), 404 (the execution id is unknown, already used or expired), 503
+(the replica that issued the id cannot be reached; ask `/execute` again).
 
 Server frames are JSON text frames, as Poseidon sends them: `{"type":"start"}`,
 then `{"type":"stdout","data":…}` / `{"type":"stderr","data":…}`, then exactly
@@ -122,6 +129,7 @@ def router(
     urls: WebSocketUrls,
     prefix: str,
     allowed_origins: tuple[str, ...] = (),
+    issuers: IssuerClient | None = None,
 ) -> APIRouter:
     api = APIRouter(prefix="/runners", tags=["runner"])
 
@@ -183,7 +191,10 @@ def router(
             return
         try:
             view = await run_in_threadpool(runners.claimed, runnerId)
-            execution = store.take(runnerId, websocket.query_params.get("executionID", ""))
+            execution_id = websocket.query_params.get("executionID", "")
+            execution = store.take(runnerId, execution_id)
+            if execution is None and issuers is not None:
+                execution = await issuers.take(runnerId, execution_id)
             if execution is None:
                 raise ApiError(404, "execution id unknown, already used or expired")
             use = runners.begin(view, "execution")
@@ -192,6 +203,17 @@ def router(
             return
         except ApiError as exc:
             await _deny(websocket, exc)
+            return
+        except IssuerUnreachable:
+            await _deny(
+                websocket,
+                ApiError(
+                    503,
+                    "the replica that issued this execution id cannot be reached: "
+                    "ask /execute for a new one",
+                    headers={"Retry-After": "1"},
+                ),
+            )
             return
         except NotLeader:
             await _deny(

@@ -5,6 +5,7 @@ WebSocket frames.
 - `command`: the client's request → the argv Nomad executes (pure);
 - `frames`: Nomad's exec events → Poseidon's frames (pure);
 - `store`: one-shot execution ids between `POST /execute` and the connect;
+- `ids`: ids that name the replica that issued them, signed with the replicas' key (pure);
 - `relay`: one execution, from the connect to the terminal frame;
 - `service`: the parts one API needs, wired together.
 """

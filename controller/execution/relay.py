@@ -284,11 +284,11 @@ class _Run:
         s = self.relay.settings.exec
         request = self.execution.request
         opener = self.relay._execs
-        main_argv = main_command(self.execution.id, request, s)
+        main_argv = main_command(self.execution.marker, request, s)
         if not s.separate_stderr:
             self.main = await opener.open(self.alloc_id, s.task, main_argv, tty=True)
             return
-        err_argv = stderr_command(self.execution.id, request, s)
+        err_argv = stderr_command(self.execution.marker, request, s)
         # Both at once: the connects overlap, and each side of the FIFO waits
         # for the other inside the runner.
         results = await asyncio.gather(
@@ -455,7 +455,7 @@ class _Run:
         flight (its own use still counts here), else those with its marker."""
         s = self.relay.settings.exec
         alone = self.relay._runners.uses(self.runner_id) <= 1
-        argv = kill_command(self.execution.id, s, sweep_user=alone)
+        argv = kill_command(self.execution.marker, s, sweep_user=alone)
         try:
             session = await self.relay._execs.open(self.alloc_id, s.task, argv, tty=False)
         except ExecError as exc:

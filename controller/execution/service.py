@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from controller.dataplane.runners import ClaimedRunners
 from controller.execution.command import ExecSettings, command_size
+from controller.execution.ids import Signer
 from controller.execution.relay import Execs, Relay, RelaySettings, Session
 from controller.execution.store import ExecutionStore, Limits
 from controller.nomad.exec import ExecRejected
@@ -23,6 +24,8 @@ class ExecutionSettings:
     signal_loss_window_s: float = 0.5
     limits: Limits = field(default_factory=Limits)
     loss_settle_s: float = 0.85  # NRC_LOSS_SETTLE, for executions and files alike
+    # NRC_API_ADVERTISE_URL with the replicas' key: ids other replicas can take.
+    ids: Signer | None = None
 
 
 @dataclass
@@ -58,6 +61,10 @@ def executions(
         ),
     )
     store = ExecutionStore(
-        controller.clock, s.id_ttl_s, s.limits, lambda request: command_size(request, s.exec)
+        controller.clock,
+        s.id_ttl_s,
+        s.limits,
+        lambda request: command_size(request, s.exec),
+        new_id=s.ids.new_id if s.ids is not None else None,
     )
     return Executions(relay, store, runners)

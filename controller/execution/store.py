@@ -4,7 +4,10 @@ An id is one-shot (the connect takes it; a second connect with it is 404, as
 in Poseidon) and belongs to one runner. Unlike Poseidon, an id nobody
 connects expires after a set time, so abandoned requests do not pile up for
 the runner's whole life. Ids live in this process only: a client whose
-controller restarted between the two calls asks for a new one (404).
+controller restarted between the two calls asks for a new one (404). With
+replicas that share a key, an id names this process (`ids`), and another
+replica takes the execution from here through `take` (`controller.api.replicas`):
+this store stays the one place that makes an id one-shot and expiring.
 
 Bounded: ids waiting for their connect per runner and in all (`Limits`; a
 request beyond is `Refused`, 429), and a command's size as the runner gets
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 from controller.clock import Clock
 from controller.execution.command import ExecutionRequest
+from controller.execution.ids import nonce_of
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,13 @@ class Execution:
     runner_id: str
     request: ExecutionRequest
     expires_at: float  # monotonic seconds
+
+    @property
+    def marker(self) -> str:
+        """What names the execution inside the runner (its processes' marker,
+        its stderr FIFO): the random part of the id only, so the program sees
+        no replica's address."""
+        return nonce_of(self.id)
 
 
 # Linux's limit on one argument of a program (MAX_ARG_STRLEN, 32 pages):
@@ -59,8 +70,10 @@ class ExecutionStore:
         ttl_s: float,
         limits: Limits | None = None,
         measure: Callable[[ExecutionRequest], int] | None = None,
+        new_id: Callable[[], str] | None = None,
     ) -> None:
         self._clock = clock
+        self._new_id = new_id or (lambda: secrets.token_hex(16))
         self._ttl_s = ttl_s
         self._limits = limits or Limits()
         self._measure = measure
@@ -80,7 +93,7 @@ class ExecutionStore:
                     "(NRC_EXECUTION_MAX_COMMAND_SIZE)",
                 )
         now = self._clock.monotonic()
-        execution = Execution(secrets.token_hex(16), runner_id, request, now + self._ttl_s)
+        execution = Execution(self._new_id(), runner_id, request, now + self._ttl_s)
         with self._lock:
             self._drop_expired(now)
             if len(self._pending) >= limits.max_pending:
@@ -109,6 +122,13 @@ class ExecutionStore:
                 return None
             del self._pending[execution_id]
             return execution
+
+    def waiting(self) -> int:
+        """Ids that may still be taken (the expired ones dropped)."""
+        now = self._clock.monotonic()
+        with self._lock:
+            self._drop_expired(now)
+            return len(self._pending)
 
     def __len__(self) -> int:
         with self._lock:

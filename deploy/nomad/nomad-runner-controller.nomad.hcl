@@ -128,6 +128,11 @@ job "nomad-runner-controller" {
         NOMAD_ADDR      = "http://${attr.unique.network.ip-address}:4646"
         NOMAD_NAMESPACE = var.runner_namespace
         NRC_API_PORT    = "7200"
+        # Where the other replica reaches this one's API: a websocketUrl one
+        # replica answers then works whichever replica the client's WebSocket
+        # reaches (the execution is taken from its issuer; the ids are signed
+        # with a key derived from NRC_API_TOKEN, or NRC_REPLICA_SECRET).
+        NRC_API_ADVERTISE_URL = "http://${NOMAD_ADDR_http}"
 
         NRC_LEADER_ELECTION  = "true"
         NRC_LEADER_LOCK_PATH = "nomad-runner-controller/leader"

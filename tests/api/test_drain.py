@@ -121,3 +121,38 @@ def test_the_drain_says_which_uses_are_in_flight() -> None:
     ]
     assert describe_uses(in_flight) == "1 download, 2 execution"
     assert describe_uses([]) == "nothing"
+
+
+def test_run_drain_waits_for_ids_still_to_be_taken_within_the_grace() -> None:
+    """With ids other replicas take, an idle replica stays up until its ids
+    were taken (or expired), not longer than the grace."""
+
+    async def scenario(taken_after_s: float | None, grace_s: float) -> tuple[bool, list[str]]:
+        drain = Drain()
+        waiting = [2]
+        loop = asyncio.get_running_loop()
+        if taken_after_s is not None:
+            loop.call_later(taken_after_s / 2, lambda: waiting.__setitem__(0, 1))
+            loop.call_later(taken_after_s, lambda: waiting.__setitem__(0, 0))
+        steps: list[str] = []
+
+        async def step_down() -> None:
+            steps.append("step_down")
+
+        async def executions_ended() -> None:
+            steps.append(f"ended with {waiting[0]} waiting")
+
+        ended = await run_drain(
+            drain,
+            step_down=step_down,
+            end_executions=lambda: steps.append("end_executions"),
+            executions_ended=executions_ended,
+            grace_s=grace_s,
+            ids_waiting=lambda: waiting[0],
+            poll_s=0.01,
+        )
+        return ended, steps
+
+    assert asyncio.run(scenario(0.05, 5.0)) == (True, ["step_down", "ended with 0 waiting"])
+    # Never taken: the grace bounds the wait (nothing runs, so nothing is ended).
+    assert asyncio.run(scenario(None, 0.05)) == (True, ["step_down", "ended with 2 waiting"])

@@ -10,6 +10,7 @@ import pytest
 
 from controller.clock import ManualClock
 from controller.execution.command import ExecSettings, ExecutionRequest, command_size
+from controller.execution.ids import Signer
 from controller.execution.store import MAX_ARG_BYTES, ExecutionStore, Limits, Refused
 
 SETTINGS = ExecSettings()
@@ -69,3 +70,25 @@ def test_linux_runs_an_argument_just_below_the_limit_and_not_at_it() -> None:
     with pytest.raises(OSError, match="Argument list too long") as too_long:
         subprocess.run(["bash", "-c", script + "x" * (MAX_ARG_BYTES - len(script))])
     assert too_long.value.errno == errno.E2BIG
+
+
+def test_ids_waiting_leave_by_their_take_or_their_expiry() -> None:
+    clock = ManualClock()
+    s = ExecutionStore(clock, ttl_s=10)
+    first, _ = s.add("r", ExecutionRequest("a")), s.add("r", ExecutionRequest("b"))
+    assert s.waiting() == 2
+    assert s.take("r", first.id) is not None
+    assert s.waiting() == 1
+    clock.advance(10)
+    assert s.waiting() == 0
+
+
+def test_ids_come_from_the_given_maker_and_the_runner_sees_only_their_nonce() -> None:
+    signer = Signer("http://10.0.0.5:7200", b"k" * 32)
+    s = ExecutionStore(ManualClock(), ttl_s=10, new_id=signer.new_id)
+    execution = s.add("r", ExecutionRequest("a"))
+    assert signer.is_mine(execution.id)
+    assert execution.marker == execution.id.split(".")[0]
+    assert len(execution.marker) == 32
+    local = ExecutionStore(ManualClock(), ttl_s=10).add("r", ExecutionRequest("a"))
+    assert local.marker == local.id and len(local.id) == 32

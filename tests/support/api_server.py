@@ -38,12 +38,13 @@ def sim_settings(sim: SimServer, **environ: str) -> Settings:
 
 
 class ApiServer:
-    """`build(settings)` served on 127.0.0.1 with a free port."""
+    """`build(settings)` served on 127.0.0.1 with a free port (or `port`,
+    when the URL must be known before it listens)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, port: int = 0) -> None:
         self.service: Service = build(settings)
         config = uvicorn.Config(
-            self.service.app, host="127.0.0.1", port=0, log_level="warning", access_log=False
+            self.service.app, host="127.0.0.1", port=port, log_level="warning", access_log=False
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="api", daemon=True)
