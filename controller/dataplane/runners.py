@@ -91,7 +91,7 @@ class ClaimedRunners:
         expired. Blocking: it may write the loss."""
         if not self._pools.ready():
             raise NotLeader
-        view = self._pools.lookup(runner_id)
+        view = self._pools.lookup_claimed(runner_id)
         claim = view.job.claim if view is not None else None
         if view is None or claim is None:
             raise Unusable(answers.ended(runner_id, None))

@@ -364,11 +364,23 @@ class Claims:
         assert view.job.claim is not None
         return now_ns >= last + view.job.claim.timeout * SECOND
 
+    def lookup_claimed(self, runner_id: str) -> RunnerView | None:
+        """The runner, read again from Nomad first when this replica's snapshot
+        does not show it claimed: every replica serves, and another may have
+        claimed it a moment ago (its client's next request can reach us before
+        the event does). Only ids that can name a runner are read. Raises as
+        `Observer.reread`."""
+        view = self._observer.snapshot.runners.get(runner_id)
+        if (view is None or not view.claimed) and jobs.runner_env_id(runner_id) is not None:
+            self._observer.reread([runner_id])
+            view = self._observer.snapshot.runners.get(runner_id)
+        return view
+
     def release(self, runner_id: str) -> bool:
         """End a claim (deregister with purge). False when there is no such claim."""
         if not self._can_serve():
             raise NotLeader
-        view = self._observer.snapshot.runners.get(runner_id)
+        view = self.lookup_claimed(runner_id)
         if view is None or not view.claimed or self._expectations.is_deleting(runner_id):
             return False
         self._expectations.expect_delete(view.env_id, runner_id)

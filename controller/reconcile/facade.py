@@ -167,6 +167,10 @@ class Pools:
     def lookup(self, runner_id: str) -> RunnerView | None:
         return self._claims.lookup(runner_id)
 
+    def lookup_claimed(self, runner_id: str) -> RunnerView | None:
+        """`lookup`, read from Nomad first when not seen claimed (blocking)."""
+        return self._claims.lookup_claimed(runner_id)
+
     def touch(self, runner_id: str) -> bool:
         return self._claims.touch(runner_id)
 

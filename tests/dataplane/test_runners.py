@@ -12,11 +12,13 @@ import pytest
 
 from controller.dataplane import answers
 from controller.dataplane.runners import ClaimedRunners, Ended, Unrecorded, Unusable, read_times
+from controller.metrics import Metrics
 from controller.model import LossReason
 from controller.nomad.gateway import AllocListing, NomadUnavailable
 from controller.reconcile.facade import Pools
+from controller.reconcile.loop import Controller
 from tests.support.fake_nomad import FakeNomad
-from tests.support.one_runner import OneRunner
+from tests.support.one_runner import ENV, SETTINGS, OneRunner
 
 pytestmark = pytest.mark.anyio
 
@@ -244,3 +246,21 @@ async def test_a_loss_that_cannot_be_recorded_is_unrecorded(one: OneRunner) -> N
     verdict = await runners.verdict(runner_id, settle_s=0.1)
     assert isinstance(verdict, Unrecorded)
     assert verdict.answer(runner_id).status == 503
+
+
+def test_a_claim_made_on_another_replica_a_moment_ago_is_served(one: OneRunner) -> None:
+    """Every replica serves: the client's next request may reach a replica
+    whose snapshot still shows the runner idle (or not at all)."""
+    other = Controller(one.nomad, SETTINGS, clock=one.clock, metrics=Metrics())
+    try:
+        one.controller.pools.put_environment(ENV)
+        one.reconcile()
+        other.observer.refresh()
+        runner_id = one.claim()  # through the first replica; the other has not looked since
+        assert not other.pools.lookup(runner_id) or not other.pools.lookup(runner_id).claimed
+        runners = ClaimedRunners(other.pools)
+        assert runners.claimed(runner_id).id == runner_id
+        assert other.pools.release(runner_id)
+        assert refusal(runners, "5-00000000-0000-4000-8000-000000000999").status == 410
+    finally:
+        other.actor.shutdown()
