@@ -13,11 +13,11 @@
 # (To use a token of your own instead, see docs/operations.md.) The API token
 # clients send comes from the job's own Nomad variable (below).
 #
-# Only the leader reconciles and serves claims; the other replica answers
-# /readyz, the runner routes and environment changes with 503 NOT_LEADER, and
-# takes over within about twice NRC_LEADER_TTL when the leader dies (sooner
-# when the leader stops cleanly and releases the lock).
-# Clients must reach the leader: see "High availability" in the README.
+# Both replicas serve the whole API; only the leader keeps the pools up, and
+# the other takes that over within about twice NRC_LEADER_TTL when the leader
+# dies (at once when the leader stops cleanly and releases the lock). Put a
+# load balancer that checks /readyz in front: see "High availability" in the
+# README.
 
 variable "image" {
   type        = string
@@ -76,7 +76,7 @@ job "nomad-runner-controller" {
       tags = ["prometheus", "metrics_path=/metrics"]
 
       # Liveness: the process answers. A replica that stops answering is
-      # restarted; this check alone decides deployment health.
+      # restarted.
       check {
         name     = "alive"
         type     = "http"
@@ -90,17 +90,16 @@ job "nomad-runner-controller" {
         }
       }
 
-      # Readiness: only the leader that has observed Nomad passes. It never
-      # restarts anything and does not hold deployments up (the follower fails
-      # it by design); a load balancer with active health checks can use the
-      # same path to send clients to the leader.
+      # Readiness: every replica that has observed Nomad serves and passes
+      # (a draining one fails at once). With the update block's
+      # health_check = "checks", a deployment moves on to the next replica
+      # only once the new one serves; a load balancer checks the same path.
       check {
-        name      = "ready"
-        type      = "http"
-        path      = "/readyz"
-        interval  = "5s"
-        timeout   = "2s"
-        on_update = "ignore"
+        name     = "ready"
+        type     = "http"
+        path     = "/readyz"
+        interval = "5s"
+        timeout  = "2s"
       }
     }
 

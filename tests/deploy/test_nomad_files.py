@@ -159,10 +159,12 @@ def test_the_service_is_checked_on_healthz_and_tagged_for_prometheus() -> None:
     checks = {check["path"]: check for check in blocks(service, "check")}
     alive = checks["/healthz"]
     assert alive["type"] == "http" and blocks(alive, "check_restart")
-    # The follower fails /readyz by design: that check must neither restart
-    # it nor hold deployments up.
+    # Every replica that serves passes /readyz: a rolling update waits for it
+    # (the default on_update), and a failing readiness never restarts one.
     ready = checks["/readyz"]
-    assert ready["on_update"] == "ignore" and not blocks(ready, "check_restart")
+    assert "on_update" not in ready and not blocks(ready, "check_restart")
+    update = one(GROUP, "update")
+    assert (update["max_parallel"], update["health_check"]) == (1, "checks")
 
 
 def test_the_acl_policy_grants_exactly_what_the_controller_uses() -> None:
