@@ -257,7 +257,8 @@ def test_a_claim_made_on_another_replica_a_moment_ago_is_served(one: OneRunner) 
         one.reconcile()
         other.observer.refresh()
         runner_id = one.claim()  # through the first replica; the other has not looked since
-        assert not other.pools.lookup(runner_id) or not other.pools.lookup(runner_id).claimed
+        seen = other.pools.lookup(runner_id)
+        assert seen is None or not seen.claimed
         runners = ClaimedRunners(other.pools)
         assert runners.claimed(runner_id).id == runner_id
         assert other.pools.release(runner_id)
