@@ -568,6 +568,25 @@ class Settings(BaseSettings):
     )
 
     # --- the reconcile loop ---
+    claim_wait_s: Duration = Field(
+        default=2.0,
+        alias="NRC_CLAIM_WAIT",
+        ge=0,
+        le=30,
+        description="How long a claim that finds no ready runner waits for one of its "
+        "environment (first come, first served) before it answers 500 NOMAD_OVERLOAD; 0 "
+        "answers at once, as Poseidon does (docs/operations.md, \"Claims that wait\").",
+        json_schema_extra=_allowed(f"a duration from 0 to 30s, {_DURATION_FORMS}", duration=True),
+    )
+    claim_max_waiting: Integer = Field(
+        default=32,
+        alias="NRC_CLAIM_MAX_WAITING",
+        ge=0,
+        le=1000,
+        description="How many claims may wait at once (NRC_CLAIM_WAIT); one more is answered "
+        "at once. Each waiting claim holds one of the API's 40 worker threads.",
+        json_schema_extra=_allowed("an integer from 0 to 1000"),
+    )
     resync_interval_s: Duration = Field(
         default=30.0,
         alias="NRC_RESYNC_INTERVAL",
@@ -1103,6 +1122,8 @@ class Settings(BaseSettings):
             leader_lock_path=self.leader_lock_path,
             leader_ttl_s=self.leader_ttl_s,
             activity_publish_interval_s=self.activity_publish_interval_s,
+            claim_wait_s=self.claim_wait_s,
+            claim_max_waiting=self.claim_max_waiting,
             prewarm=PrewarmSettings(
                 adaptive=self.prewarm_policy == "adaptive",
                 ceiling_multiple=self.prewarm_ceiling_multiple,

@@ -147,7 +147,8 @@ class Metrics:
         )
         self.prewarm_misses = Counter(
             "nrc_prewarm_misses_total",
-            "Claims that found no ready runner (answered NOMAD_OVERLOAD), per environment.",
+            "Claims that found no ready runner at once (answered NOMAD_OVERLOAD, or served "
+            "after waiting NRC_CLAIM_WAIT), per environment.",
             ["environment"],
             registry=r,
         )

@@ -8,6 +8,7 @@ import io
 import logging
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,8 @@ ALL_VARIABLES = [
     "NRC_TEMPLATE_CAP_DROP",
     "NRC_TEMPLATE_NO_NEW_PRIVILEGES",
     "NRC_TEMPLATE_JOB_FILE",
+    "NRC_CLAIM_WAIT",
+    "NRC_CLAIM_MAX_WAITING",
     "NRC_RESYNC_INTERVAL",
     "NRC_ORPHAN_GRACE",
     "NRC_STARTUP_TIMEOUT",
@@ -177,8 +180,13 @@ def test_defaults() -> None:
 
 def test_defaults_agree_with_the_loop_and_plan_defaults() -> None:
     # One source of truth per knob: the env defaults must not drift from the
-    # library defaults the tests of the loop run with.
-    assert load_settings({}).controller_settings() == ControllerSettings()
+    # library defaults the tests of the loop run with. One knob differs on
+    # purpose: an in-process controller (tests on a ManualClock, whose time
+    # never passes by itself) answers an empty pool at once; the service
+    # waits NRC_CLAIM_WAIT.
+    loaded = load_settings({}).controller_settings()
+    assert loaded == replace(ControllerSettings(), claim_wait_s=2.0)
+    assert ControllerSettings().claim_wait_s == 0.0
 
 
 def test_empty_variable_counts_as_unset() -> None:
@@ -999,6 +1007,8 @@ def full_environ(pem_files: dict[str, str]) -> dict[str, str]:
         "NRC_LEADER_LOCK_PATH": "nrc/prod/leader",
         "NRC_LEADER_TTL": "20s",
         "NRC_ACTIVITY_PUBLISH_INTERVAL": "500ms",
+        "NRC_CLAIM_WAIT": "500ms",
+        "NRC_CLAIM_MAX_WAITING": "8",
         "NRC_LOG_LEVEL": "warning",
         "NRC_LOG_FORMAT": "text",
     }
@@ -1016,6 +1026,8 @@ def test_controller_settings_mapping(pem_files: dict[str, str]) -> None:
         leader_lock_path="nrc/prod/leader",
         leader_ttl_s=20.0,
         activity_publish_interval_s=0.5,
+        claim_wait_s=0.5,
+        claim_max_waiting=8,
         plan=PlanSettings(
             orphan_grace_ns=120 * SECOND,
             startup_timeout_ns=600 * SECOND,

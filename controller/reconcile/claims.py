@@ -46,6 +46,7 @@ from controller.nomad.gateway import IndexConflict, NomadAPIError, NomadGateway,
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.observe import Observer
 from controller.reconcile.uses import RunnerUse, Uses
+from controller.reconcile.waiting import WaitingClaims
 from controller.reconcile.writes import SpecWriter
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,7 @@ class Claims:
         can_serve: Callable[[], bool],
         on_change: Callable[[int], None],
         on_claim: Callable[[int], None] = lambda env_id: None,
+        waiting: WaitingClaims | None = None,
     ) -> None:
         self._gateway = gateway
         self._observer = observer
@@ -129,6 +131,7 @@ class Claims:
         self._can_serve = can_serve
         self._on_change = on_change
         self._on_claim = on_claim  # the demand an adaptive pool is sized from
+        self._waiting = waiting or WaitingClaims(clock, 0.0, 0)
         self._lock = threading.Lock()
         self._activity: dict[str, int] = {}
         # Claims whose release for inactivity is decided: final, touches refused.
@@ -157,10 +160,34 @@ class Claims:
         if not self._can_serve():
             raise NotLeader
         started = self._clock.monotonic()
+        template = self._observer.snapshot.templates.get(env_id)
+        if template is None:
+            raise UnknownEnvironment(env_id)
+        view = self._first_claimable(env_id, timeout_s)
+        if view is None:
+            # A miss for adaptive prewarming even if a wait serves it.
+            self._metrics.prewarm_misses.labels(str(env_id)).inc()
+            self._on_change(env_id)
+            if template.env.prewarming_pool_size > 0:
+                view = self._waiting.serve(
+                    env_id, lambda: self._first_claimable(env_id, timeout_s)
+                )
+        if view is None:
+            self._metrics.claims.labels("empty").inc()
+            raise NoRunnerAvailable(env_id)
+        self._metrics.claims.labels("claimed").inc()
+        self._metrics.claim_seconds.observe(self._clock.monotonic() - started)
+        self._on_claim(env_id)
+        self._on_change(env_id)
+        return view
+
+    def _first_claimable(self, env_id: int, timeout_s: int) -> RunnerView | None:
+        """Claim the oldest ready runner of the environment that can be claimed
+        now; None when there is none."""
         snap = self._observer.snapshot
         template = snap.templates.get(env_id)
         if template is None:
-            raise UnknownEnvironment(env_id)
+            return None
         # Oldest first (the snapshot keeps them in that order), lazily: the
         # first one that can be claimed ends the search.
         candidates = (
@@ -180,15 +207,8 @@ class Claims:
             finally:
                 self._guard.end_claim(candidate.id)
             if view is not None:
-                self._metrics.claims.labels("claimed").inc()
-                self._metrics.claim_seconds.observe(self._clock.monotonic() - started)
-                self._on_claim(env_id)
-                self._on_change(env_id)
                 return view
-        self._metrics.claims.labels("empty").inc()
-        self._metrics.prewarm_misses.labels(str(env_id)).inc()
-        self._on_change(env_id)
-        raise NoRunnerAvailable(env_id)
+        return None
 
     def _try_claim(self, runner_id: str, timeout_s: int) -> RunnerView | None:
         # Re-read under the guard: the snapshot may have moved since we chose.

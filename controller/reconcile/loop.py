@@ -36,6 +36,7 @@ from controller.reconcile.prewarming import Prewarmer, PrewarmSettings
 from controller.reconcile.queue import WorkQueue
 from controller.reconcile.ratelimit import TokenBucket
 from controller.reconcile.reconciler import PoolReconciler
+from controller.reconcile.waiting import WaitingClaims
 from controller.reconcile.worker import Worker
 from controller.reconcile.writes import SpecWriter
 
@@ -68,6 +69,8 @@ class ControllerSettings:
     leader_lock_path: str = "nomad-runner-controller/leader"
     leader_ttl_s: float = 15.0
     activity_publish_interval_s: float = 1.0  # leader election only (activity.py)
+    claim_wait_s: float = 0.0  # NRC_CLAIM_WAIT (waiting.py); 0: answered at once
+    claim_max_waiting: int = 32
     plan: PlanSettings = field(default_factory=PlanSettings)
     prewarm: PrewarmSettings = field(default_factory=PrewarmSettings)
     template: jobs.TemplatePolicy = field(default_factory=jobs.TemplatePolicy)
@@ -122,6 +125,7 @@ class Controller:
             can_serve=self.ready,
             on_change=self.enqueue,
             on_claim=self.prewarmer.record_claim if self.prewarmer else lambda env_id: None,
+            waiting=WaitingClaims(self.clock, s.claim_wait_s, s.claim_max_waiting),
         )
         burst = max(1, int(s.write_rate_per_s)) if s.write_rate_per_s > 0 else 1
         self.actor = Actor(

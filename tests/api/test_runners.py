@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from datetime import UTC, datetime
 
@@ -12,7 +13,7 @@ from controller.api.runners import claimed_at
 from controller.dataplane.answers import lost_message
 from controller.model import SECOND, LossReason
 from tests.helpers import Http, runner_job, wait_until
-from tests.support.api_client import API, Api, dumps, error_of
+from tests.support.api_client import API, Api, MakeApi, dumps, error_of
 
 
 def test_claim_hands_out_a_ready_runner_with_its_ports(api: Api, env_id: int) -> None:
@@ -52,6 +53,28 @@ def test_empty_pool_is_500_nomad_overload(api: Api, env_id: int) -> None:
     status, message, code = error_of(r)
     assert (status, code) == (500, "NOMAD_OVERLOAD")
     assert str(env_id) in message
+
+
+@pytest.mark.parametrize(("wait_s", "served"), [(0.0, False), (10.0, True)])
+def test_a_claim_on_a_new_environment_waits_for_its_first_runner(
+    make_api: MakeApi, wait_s: float, served: bool
+) -> None:
+    """NRC_CLAIM_WAIT: right after the environment is created no runner is
+    ready yet; a claim that may wait gets the first one to start, one that
+    may not is answered at once, as Poseidon answers. Either is a miss."""
+    api = make_api(claim_wait_s=wait_s)
+    api.put_environment(41, prewarmingPoolSize=2)
+    began = time.monotonic()
+    r = api.client.post(f"{API}/runners", json={"executionEnvironmentId": 41})
+    waited = time.monotonic() - began
+    if served:
+        assert r.status_code == 200, r.text
+        assert waited > 0.05, "no runner was ready when the claim came"
+    else:
+        assert error_of(r)[2] == "NOMAD_OVERLOAD"
+        assert waited < 1.0
+    registry = api.controller.metrics.registry
+    assert registry.get_sample_value("nrc_prewarm_misses_total", {"environment": "41"}) == 1
 
 
 def test_integral_numbers_are_integers(api: Api, env_id: int) -> None:
