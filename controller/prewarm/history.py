@@ -149,6 +149,49 @@ def record(history: ClaimHistory, t: int) -> ClaimHistory:
     return ClaimHistory(end, tuple(counts), tuple(peaks), tuple(recent), scale)
 
 
+def record_many(history: ClaimHistory, times: list[int]) -> ClaimHistory:
+    """`record` of each of `times` in turn, oldest first, with the buckets
+    copied once rather than once a claim: a pass folds in the claims made
+    since the last one (controller/reconcile/prewarming.py)."""
+    scale = history.scale
+    max_buckets = scale.max_buckets
+    counts, peaks, end = list(history.counts), list(history.peaks), history.end
+    recent, lo = list(history.recent), 0  # recent[lo:] is what `record` would keep
+    for t in sorted(times):
+        t -= t % MILLISECOND
+        newest = recent[-1] if len(recent) > lo else None
+        if newest is not None and t < newest - CLOCK_TOLERANCE_NS:
+            # The clock went back: rare; `record` forgets what came after.
+            frozen = ClaimHistory(end, tuple(counts), tuple(peaks), tuple(recent[lo:]), scale)
+            history = record(frozen, t)
+            counts, peaks, end = list(history.counts), list(history.peaks), history.end
+            recent, lo = list(history.recent), 0
+            continue
+        index = t // scale.bucket_ns
+        if not counts or index >= end + max_buckets:
+            counts, peaks, end = [], [], index
+        if index >= end:
+            grow = index - end + 1
+            counts += [0] * grow
+            peaks += [0] * grow
+            end = index + 1
+            del counts[:-max_buckets], peaks[:-max_buckets]
+        if newest is None or t >= newest:
+            recent.append(t)
+        else:
+            bisect.insort(recent, t, lo)
+        lo = max(lo, bisect.bisect_right(recent, recent[-1] - RECENT_NS, lo))
+        lo = max(lo, len(recent) - MAX_RECENT)
+        pos = len(counts) - (end - index)
+        if pos >= 0:
+            in_peak_window = bisect.bisect_right(recent, t, lo) - bisect.bisect_right(
+                recent, t - scale.peak_window_ns, lo
+            )
+            counts[pos] = min(counts[pos] + 1, MAX_COUNT)
+            peaks[pos] = min(max(peaks[pos], in_peak_window), MAX_COUNT)
+    return ClaimHistory(end, tuple(counts), tuple(peaks), tuple(recent[lo:]), scale)
+
+
 def _forget_after(history: ClaimHistory, t: int) -> ClaimHistory:
     """The history as it was at `t`: the clock went back, so what was recorded
     later belongs to a clock we no longer believe."""

@@ -118,7 +118,7 @@ class Claims:
         metrics: Metrics,
         can_serve: Callable[[], bool],
         on_change: Callable[[int], None],
-        on_claim: Callable[[int], None] = lambda env_id: None,
+        on_claim: Callable[[int, str], None] = lambda env_id, runner_id: None,
         waiting: WaitingClaims | None = None,
     ) -> None:
         self._gateway = gateway
@@ -177,7 +177,7 @@ class Claims:
             raise NoRunnerAvailable(env_id)
         self._metrics.claims.labels("claimed").inc()
         self._metrics.claim_seconds.observe(self._clock.monotonic() - started)
-        self._on_claim(env_id)
+        self._on_claim(env_id, view.id)
         self._on_change(env_id)
         return view
 

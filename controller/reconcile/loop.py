@@ -124,7 +124,7 @@ class Controller:
             metrics=self.metrics,
             can_serve=self.ready,
             on_change=self.enqueue,
-            on_claim=self.prewarmer.record_claim if self.prewarmer else lambda env_id: None,
+            on_claim=self._record_claim,
             waiting=WaitingClaims(self.clock, s.claim_wait_s, s.claim_max_waiting),
         )
         burst = max(1, int(s.write_rate_per_s)) if s.write_rate_per_s > 0 else 1
@@ -251,6 +251,12 @@ class Controller:
 
     def is_leader(self) -> bool:
         return self.elector is None or self.elector.is_leader()
+
+    def _record_claim(self, env_id: int, runner_id: str) -> None:
+        """A claim is demand for adaptive prewarming; only the leader keeps
+        histories (it observes the followers' claims in its passes)."""
+        if self.prewarmer is not None and self.is_leader():
+            self.prewarmer.record_claim(env_id, runner_id)
 
     def ready(self) -> bool:
         """Serving the API: Nomad observed once. Every replica serves, leader or

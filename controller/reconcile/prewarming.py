@@ -12,8 +12,14 @@ pass finds it changed and last written at least `save_interval_s` before,
 and by `save_all` when the leader hands the lock over. Only the leader
 writes; a write lost to a crash costs at most one interval of history.
 
-Claims that arrive before the history is read are kept aside and recorded
-into it once read, so the claim path never waits for Nomad.
+A claim costs the claim path one append (`record_claim`): claims wait in
+`pending` and are folded into the history in one step when a pass decides
+or the history is written, so the claim path neither waits for Nomad nor
+copies four weeks of buckets. Every replica serves claims, but only the
+leader keeps histories: it records its own claims as they are made and, in
+each pass, the claims it observes in Nomad that another replica made during
+its term (`observe_claims`; a claim released again before the leader saw it
+is not counted). A follower records nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from controller.prewarm.history import (
     History,
     Timescale,
     from_json,
-    record,
+    record_many,
     record_startup,
     to_json,
 )
@@ -63,7 +69,8 @@ class VariableStore(Protocol):
 class _Env:
     history: History
     loaded: bool = False
-    early_claims: list[int] = field(default_factory=list)  # ns, before `loaded`
+    pending: list[int] = field(default_factory=list)  # ns, claims not yet in `history`
+    counted: set[str] = field(default_factory=set)  # runners whose claim is recorded
     dirty: bool = False
     saved_at: int | None = None  # ns, of our last write
     decision: Decision | None = None
@@ -78,6 +85,8 @@ class Prewarmer:
         self._clock = clock
         self._lock = threading.Lock()  # guards _envs; never held across a Nomad call
         self._envs: dict[int, _Env] = {}
+        # Claims made before this term are the last leader's to have recorded.
+        self._term_start_ns = clock.now_ns()
 
     def _new(self) -> _Env:
         return _Env(History(claims=ClaimHistory(scale=self.settings.timescale)))
@@ -85,15 +94,25 @@ class Prewarmer:
     def path(self, env_id: int) -> str:
         return f"{self.settings.variable_prefix}/{env_id}"
 
-    def record_claim(self, env_id: int) -> None:
+    def record_claim(self, env_id: int, runner_id: str) -> None:
+        """This replica, leading, made a claim: O(1), folded in by the next pass."""
         now = self._clock.now_ns()
         with self._lock:
             env = self._envs.setdefault(env_id, self._new())
-            if env.loaded:
-                env.history = replace(env.history, claims=record(env.history.claims, now))
-                env.dirty = True
-            else:
-                env.early_claims.append(now)
+            env.pending.append(now)
+            env.counted.add(runner_id)
+
+    def observe_claims(self, env_id: int, claimed: dict[str, int]) -> None:
+        """The environment's claimed runners as a pass sees them (id → claim
+        time, ns): those another replica claimed during this term are recorded.
+        Runners no longer claimed are forgotten."""
+        with self._lock:
+            env = self._envs.setdefault(env_id, self._new())
+            for runner_id, claimed_at in claimed.items():
+                if runner_id not in env.counted and claimed_at >= self._term_start_ns:
+                    env.pending.append(claimed_at)
+                    env.counted.add(runner_id)
+            env.counted &= claimed.keys()
 
     def record_startup(self, env_id: int, duration_ns: int) -> None:
         with self._lock:
@@ -110,6 +129,7 @@ class Prewarmer:
         s = self.settings
         with self._lock:
             env = self._envs[env_id]
+            self._fold(env)
             h = env.history
             decision = target(
                 PolicyInput(
@@ -145,7 +165,18 @@ class Prewarmer:
     def history(self, env_id: int) -> History:
         with self._lock:
             env = self._envs.get(env_id)
-            return env.history if env is not None else self._new().history
+            if env is None:
+                return self._new().history
+            self._fold(env)
+            return env.history
+
+    def _fold(self, env: _Env) -> None:
+        """Pending claims into a loaded history (under the lock)."""
+        if not env.loaded or not env.pending:
+            return
+        env.history = replace(env.history, claims=record_many(env.history.claims, env.pending))
+        env.pending = []
+        env.dirty = True
 
     def forget(self, env_id: int) -> None:
         """The environment is gone: nothing of it stays in memory."""
@@ -164,6 +195,7 @@ class Prewarmer:
         Claims recorded since the last write are written by `save_all` first."""
         with self._lock:
             self._envs.clear()
+            self._term_start_ns = self._clock.now_ns()
 
     def _load(self, env_id: int) -> None:
         with self._lock:
@@ -188,22 +220,20 @@ class Prewarmer:
             env = self._envs.setdefault(env_id, self._new())
             if env.loaded:
                 return  # another pass read it meanwhile
-            claims = loaded.claims
-            for t in env.early_claims:
-                claims = record(claims, t)
             startups = loaded.startups
             for sample in env.history.startups.samples_ms:  # recorded before the read
                 startups = record_startup(startups, sample * 1_000_000)
-            env.history = History(claims=claims, startups=startups, hold=loaded.hold)
-            env.dirty = bool(env.early_claims or env.history.startups != loaded.startups)
-            env.early_claims = []
+            env.history = History(claims=loaded.claims, startups=startups, hold=loaded.hold)
+            env.dirty = env.history.startups != loaded.startups
             env.loaded = True
+            self._fold(env)  # claims made before the read
 
     def _save(self, env_id: int) -> None:
         with self._lock:
             env = self._envs.get(env_id)
             if env is None or not env.loaded:
                 return
+            self._fold(env)
             text = to_json(env.history)
             env.dirty = False
             env.saved_at = self._clock.now_ns()

@@ -115,6 +115,8 @@ class PoolReconciler:
             budget = self._budgets.get(env_id, Budget())
         decision = None
         if template is not None and self._prewarmer is not None:
+            claimed = {v.id: v.job.claim.claimed_at for v in views if v.job.claim is not None}
+            self._prewarmer.observe_claims(env_id, claimed)
             decision = self._prewarmer.decide(env_id, template.env.prewarming_pool_size)
         result = plan(
             PlanInput(

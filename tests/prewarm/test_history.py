@@ -27,6 +27,7 @@ from controller.prewarm.history import (
     Timescale,
     from_json,
     record,
+    record_many,
     record_startup,
     to_json,
 )
@@ -231,3 +232,31 @@ def test_a_compressed_timescale_buckets_and_round_trips_on_its_own_scale() -> No
         from_json(text)  # not on the real timescale
     with pytest.raises(ValueError, match="whole number"):
         Timescale(bucket_ns=3 * SECOND, week_ns=10 * SECOND)
+
+
+# Claim times around a start: bursts, out of order within the tolerance,
+# further back (the clock went back), and far ahead (past four weeks).
+_OFFSETS = st.one_of(
+    st.integers(0, 5 * SECOND),
+    st.integers(0, 20 * 60 * SECOND),
+    st.integers(-120 * SECOND, 0),
+    st.integers(0, 5 * WEEK_NS),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    before=st.lists(_OFFSETS, max_size=40),
+    batch=st.lists(_OFFSETS, max_size=700),
+)
+def test_recording_many_at_once_is_recording_each_in_turn(
+    before: list[int], batch: list[int]
+) -> None:
+    history = ClaimHistory()
+    for offset in before:
+        history = record(history, T0 + offset)
+    times = [T0 + offset for offset in batch]
+    one_by_one = history
+    for t in sorted(times):
+        one_by_one = record(one_by_one, t)
+    assert record_many(history, times) == one_by_one

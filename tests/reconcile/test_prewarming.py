@@ -27,8 +27,8 @@ def test_without_claims_the_target_is_the_floor_and_nothing_is_written() -> None
 def test_a_burst_raises_the_target_within_the_ceiling() -> None:
     prewarmer, _, clock = make()
     prewarmer.decide(1, floor=2)
-    for _ in range(30):
-        prewarmer.record_claim(1)
+    for n in range(30):
+        prewarmer.record_claim(1, f"1-r{n}")
         clock.advance(0.1)
     decision = prewarmer.decide(1, floor=2)
     assert 2 < decision.target <= 20
@@ -38,10 +38,10 @@ def test_a_burst_raises_the_target_within_the_ceiling() -> None:
 def test_the_history_is_written_at_most_once_an_interval() -> None:
     prewarmer, nomad, clock = make()
     prewarmer.decide(1, floor=1)
-    prewarmer.record_claim(1)
+    prewarmer.record_claim(1, "1-r1")
     prewarmer.decide(1, floor=1)
     assert nomad.variable_writes == ["nomad-runner-controller/prewarm/1"]
-    prewarmer.record_claim(1)
+    prewarmer.record_claim(1, "1-r2")
     clock.advance(30)
     prewarmer.decide(1, floor=1)
     assert len(nomad.variable_writes) == 1
@@ -55,11 +55,11 @@ def test_the_history_is_written_at_most_once_an_interval() -> None:
 def test_a_new_term_reads_what_the_last_leader_wrote() -> None:
     first, nomad, clock = make()
     first.decide(3, floor=1)
-    first.record_claim(3)
+    first.record_claim(3, "3-r3")
     first.record_startup(3, 2_000_000_000)
     first.save_all()
     second = Prewarmer(settings=SETTINGS, store=nomad, clock=clock)
-    second.record_claim(3)  # before the read: kept aside, not lost
+    second.record_claim(3, "3-r4")  # before the read: kept aside, not lost
     second.decide(3, floor=1)
     history = second.history(3)
     assert len(history.claims.recent) == 2
@@ -99,7 +99,36 @@ def test_nomad_unreachable_decides_from_memory_and_reads_again() -> None:
     nomad = Flaky(clock)
     prewarmer = Prewarmer(settings=SETTINGS, store=nomad, clock=clock)
     assert prewarmer.decide(5, floor=2).target == 2
-    prewarmer.record_claim(5)
+    prewarmer.record_claim(5, "5-r5")
     nomad.fail = False
     prewarmer.decide(5, floor=2)
     assert len(prewarmer.history(5).claims.recent) == 1
+
+
+def test_claims_another_replica_made_are_observed_once_and_own_ones_not_again() -> None:
+    """Every replica serves claims; the leader keeps the history. It records
+    its own claims as made, and the others' as its passes see them: each
+    once, and only those of its own term (the last leader saw the older)."""
+    prewarmer, _, clock = make()
+    before_term = clock.now_ns() - 1
+    prewarmer.decide(6, floor=1)
+    clock.advance(1)
+    prewarmer.record_claim(6, "6-own")
+    claimed_at = clock.now_ns()
+    seen = {"6-own": claimed_at, "6-other": claimed_at, "6-old": before_term}
+    prewarmer.observe_claims(6, seen)
+    prewarmer.observe_claims(6, seen)  # the next pass sees the same claims
+    assert len(prewarmer.history(6).claims.recent) == 2, "own once, the other once, old never"
+    prewarmer.observe_claims(6, {})  # all released
+    prewarmer.observe_claims(6, {"6-other": claimed_at + 1})  # a new claim of that id? counted
+    assert len(prewarmer.history(6).claims.recent) == 3
+
+
+def test_claims_made_between_passes_are_all_folded_in() -> None:
+    prewarmer, _, _ = make()
+    prewarmer.decide(7, floor=1)
+    before = prewarmer.history(7)
+    for n in range(1000):
+        prewarmer.record_claim(7, f"7-r{n}")
+    assert prewarmer.history(7).claims.counts == (1000,)
+    assert before.claims.recent == ()
