@@ -142,8 +142,21 @@ class Observer:
         return cached.decode() if cached is not None else None
 
     def note_event_index(self, index: int, events: Iterable[EventRef] = ()) -> None:
-        """An event frame was received; `events` name the jobs to read again."""
-        self._heard.note(index, events)
+        """An event frame was received; `events` name the jobs to read again.
+        A Job event no newer than the spec we hold is our own write coming
+        back (`SpecWriter` put the spec it wrote, with its JobModifyIndex, in
+        the cache): nothing in it is new, so it names nothing to read."""
+        with self._lock:
+            fresh = [
+                e
+                for e in events
+                if not (
+                    e.topic == "Job"
+                    and e.job_id
+                    and self._specs.current_for(e.job_id, index) is not None
+                )
+            ]
+        self._heard.note(index, fresh)
 
     def reread(self, job_ids: Collection[str]) -> Snapshot:
         """Read these jobs and their allocations from Nomad now, whether or not

@@ -21,9 +21,8 @@ from websockets.sync.client import ClientConnection, connect
 from nomadsim import SimServer
 from tests.helpers import wait_until
 from tests.support.api_client import environment_body
-from tests.support.controller import controller_environ, start_controller_process
-from tests.support.ports import free_port
-from tests.support.processes import ChildProcess, child_processes, python_module
+from tests.support.controller import start_controller_process
+from tests.support.processes import ChildProcess, child_processes
 
 TOKEN = "drain-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -167,24 +166,27 @@ def test_the_leader_hands_the_lock_over_at_the_start_of_its_drain(
     election = {"NRC_LEADER_ELECTION": "true", "NRC_SHUTDOWN_GRACE": "30s"}
     first, api = start(processes, sim, **election)
     runners = set_up(api, 1)
-    # A follower answers /readyz 503 NOT_LEADER: it is not waited for as `start` waits.
-    env = {"NRC_API_TOKEN": TOKEN, "NRC_LOG_FORMAT": "text", **election}
-    port = free_port()
-    command = python_module("controller", "run")
-    processes.append(ChildProcess(command, controller_environ(sim.address, port, **env)))
-    follower = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _status(f"{follower}/readyz") == 503, timeout=20, interval=0.1)
+    _, follower = start(processes, sim, **election)  # it serves, and says it follows
+    assert _role(follower) == "follower"
     # An execution keeps the leader draining; the follower must lead meanwhile.
     thread, got = follow(open_execution(api, runners[0], "sleep 5; echo done"))
     first.popen.send_signal(signal.SIGTERM)
     began = time.monotonic()
-    wait_until(lambda: _status(f"{follower}/readyz") == 200, timeout=10, interval=0.05)
+    wait_until(lambda: _role(follower) == "leader", timeout=10, interval=0.05)
     took_over = time.monotonic() - began
     assert took_over < 3.0, f"the follower led only after {took_over:.1f} s"
     assert first.alive(), "the old leader still drains"
     thread.join(20)
     assert got[-1] == {"type": "exit", "data": 0}
     assert first.popen.wait(20) == 0
+
+
+def _role(api: str) -> str | None:
+    try:
+        answer = requests.get(f"{api}/readyz", timeout=2)
+    except requests.RequestException:
+        return None
+    return str(answer.json().get("role")) if answer.status_code == 200 else None
 
 
 def _status(url: str) -> int:

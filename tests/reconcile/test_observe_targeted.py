@@ -17,6 +17,7 @@ from controller.nomad.events import decode_events
 from controller.reconcile import reads
 from controller.reconcile.expectations import Expectations
 from controller.reconcile.observe import Observer
+from controller.reconcile.writes import SpecWriter
 from tests.helpers import wait_until
 from tests.support.fake_nomad import FakeNomad
 
@@ -263,3 +264,30 @@ def test_follow_refreshes_soon_after_events() -> None:
         stop.set()
         thread.join(5)
     assert not thread.is_alive()
+
+
+def test_our_own_writes_job_event_is_not_read_again_but_a_newer_one_is() -> None:
+    """A claim (or any write of ours) shows in the snapshot at once with the
+    JobModifyIndex Nomad gave it; the Job event that write causes comes back
+    at that index and names nothing new. A later write by anybody else does."""
+    nomad, observer, _, clock = setup()
+    writer = SpecWriter(gateway=nomad, observer=observer)
+    spec = nomad.get_job(runner_id(1))
+    assert spec is not None
+    claim = Claim(
+        timeout=60, alloc_id=f"alloc-{runner_id(1)}", restarts=0, claimed_at=clock.now_ns()
+    )
+    written = writer.register(jobs.with_claim(spec, claim), enforce_index=jobs.modify_index(spec))
+    nomad.reads.clear()
+    observer.note_event_index(jobs.modify_index(written), decode_events([job_event(runner_id(1))]))
+    snap = observer.current()
+    assert nomad.reads == []
+    assert snap.runners[runner_id(1)].claimed
+    nomad.put(jobs.with_claim(spec, replace(claim, timeout=30)))  # somebody else's write
+    observer.note_event_index(nomad.index, decode_events([job_event(runner_id(1))]))
+    observer.current()
+    assert nomad.reads == [
+        f"list_jobs_by_id {[runner_id(1)]}",
+        f"list_allocations_of_jobs {[runner_id(1)]}",
+        f"get_job {runner_id(1)}",
+    ]
