@@ -575,7 +575,7 @@ class Settings(BaseSettings):
         le=30,
         description="How long a claim that finds no ready runner waits for one of its "
         "environment (first come, first served) before it answers 500 NOMAD_OVERLOAD; 0 "
-        "answers at once, as Poseidon does (docs/operations.md, \"Claims that wait\").",
+        'answers at once, as Poseidon does (docs/operations.md, "Claims that wait").',
         json_schema_extra=_allowed(f"a duration from 0 to 30s, {_DURATION_FORMS}", duration=True),
     )
     claim_max_waiting: Integer = Field(

@@ -169,9 +169,7 @@ class Claims:
             self._metrics.prewarm_misses.labels(str(env_id)).inc()
             self._on_change(env_id)
             if template.env.prewarming_pool_size > 0:
-                view = self._waiting.serve(
-                    env_id, lambda: self._first_claimable(env_id, timeout_s)
-                )
+                view = self._waiting.serve(env_id, lambda: self._first_claimable(env_id, timeout_s))
         if view is None:
             self._metrics.claims.labels("empty").inc()
             raise NoRunnerAvailable(env_id)
