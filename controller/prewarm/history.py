@@ -119,40 +119,13 @@ class ClaimHistory:
 
 def record(history: ClaimHistory, t: int) -> ClaimHistory:
     """The history with one more claim at `t` (ns)."""
-    t -= t % MILLISECOND
-    newest = history.newest
-    if newest is not None and t < newest - CLOCK_TOLERANCE_NS:
-        history = _forget_after(history, t)
-    scale = history.scale
-    max_buckets = scale.max_buckets
-    index = t // scale.bucket_ns
-    counts, peaks, end = list(history.counts), list(history.peaks), history.end
-    if not counts or index >= end + max_buckets:
-        counts, peaks, end = [], [], index
-    if index >= end:
-        grow = index - end + 1
-        counts += [0] * grow
-        peaks += [0] * grow
-        end = index + 1
-        del counts[:-max_buckets], peaks[:-max_buckets]
-    recent = list(history.recent)
-    bisect.insort(recent, t)
-    horizon = recent[-1] - RECENT_NS
-    recent = recent[bisect.bisect_right(recent, horizon) :][-MAX_RECENT:]
-    pos = len(counts) - (end - index)
-    if pos >= 0:  # older than every bucket held: only the recent window counts it
-        in_peak_window = bisect.bisect_right(recent, t) - bisect.bisect_right(
-            recent, t - scale.peak_window_ns
-        )
-        counts[pos] = min(counts[pos] + 1, MAX_COUNT)
-        peaks[pos] = min(max(peaks[pos], in_peak_window), MAX_COUNT)
-    return ClaimHistory(end, tuple(counts), tuple(peaks), tuple(recent), scale)
+    return record_many(history, [t])
 
 
 def record_many(history: ClaimHistory, times: list[int]) -> ClaimHistory:
-    """`record` of each of `times` in turn, oldest first, with the buckets
-    copied once rather than once a claim: a pass folds in the claims made
-    since the last one (controller/reconcile/prewarming.py)."""
+    """The history with a claim at each of `times` (ns), recorded oldest first,
+    the buckets copied once rather than once a claim: a pass folds in the
+    claims made since the last one (controller/reconcile/prewarming.py)."""
     scale = history.scale
     max_buckets = scale.max_buckets
     counts, peaks, end = list(history.counts), list(history.peaks), history.end
@@ -161,12 +134,12 @@ def record_many(history: ClaimHistory, times: list[int]) -> ClaimHistory:
         t -= t % MILLISECOND
         newest = recent[-1] if len(recent) > lo else None
         if newest is not None and t < newest - CLOCK_TOLERANCE_NS:
-            # The clock went back: rare; `record` forgets what came after.
+            # The clock went back: what was recorded after `t` is forgotten.
             frozen = ClaimHistory(end, tuple(counts), tuple(peaks), tuple(recent[lo:]), scale)
-            history = record(frozen, t)
+            history = _forget_after(frozen, t)
             counts, peaks, end = list(history.counts), list(history.peaks), history.end
             recent, lo = list(history.recent), 0
-            continue
+            newest = recent[-1] if recent else None
         index = t // scale.bucket_ns
         if not counts or index >= end + max_buckets:
             counts, peaks, end = [], [], index
