@@ -87,10 +87,7 @@ def router(
     ) -> ApiError | None:
         """The runner's 410 (or 503 while its loss cannot be recorded) if Nomad,
         read again, shows its claim is over; None while it is still claimed."""
-        if look is Look.NONE:
-            return None
-        settle_s = runners.settle_s if look is Look.SETTLE else 0.0
-        verdict = await runners.verdict(runner_id, settle_s=settle_s)
+        verdict = await runners.looked(runner_id, look)
         if verdict is None:
             return None
         answer = verdict.answer(runner_id)

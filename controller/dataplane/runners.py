@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 
 from controller.dataplane import answers
-from controller.dataplane.answers import Answer
+from controller.dataplane.answers import Answer, Look
 from controller.model import LossReason, RunnerView
 from controller.nomad.errors import NomadError
 from controller.reconcile.claims import NotLeader
@@ -146,6 +146,13 @@ class ClaimedRunners:
             if isinstance(verdict, Ended):
                 return verdict
         return verdict
+
+    async def looked(self, runner_id: str, look: Look) -> Verdict:
+        """`verdict` as hard as a failure's `look` asks (answers.Look): no
+        read, one read now, or reads over the settle time."""
+        if look is Look.NONE:
+            return None
+        return await self.verdict(runner_id, settle_s=self.settle_s if look is Look.SETTLE else 0.0)
 
     async def stop(self, runner_id: str, reason: LossReason) -> None:
         """End the claim with `reason` (the job is stopped with it: Nomad kills

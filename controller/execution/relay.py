@@ -108,8 +108,6 @@ class Runners(Protocol):
     """What an execution needs to know and do about its runner
     (`controller.dataplane.runners.ClaimedRunners`)."""
 
-    settle_s: float  # how long a failure waits for a loss to show
-
     def ended(self, runner_id: str) -> bool:
         """A loss or release shows in what the controller has read (no read)."""
 
@@ -117,6 +115,9 @@ class Runners(Protocol):
         """The claim's end as Nomad records it (the loss written first), after
         reading Nomad again over `settle_s` unless `read` is false; None while
         the runner is still claimed."""
+
+    async def looked(self, runner_id: str, look: Look) -> Verdict:
+        """`verdict` as hard as a failure's `look` asks (no read, one, or the settle)."""
 
     def uses(self, runner_id: str) -> int:
         """Executions and file operations in flight on the runner (begun, not ended)."""
@@ -390,14 +391,11 @@ class _Run:
         """The outcome of an exec Nomad refused or broke off: the runner's loss
         if it was lost meanwhile, else the answer table's message."""
         answer = answers.exec_failure(exc, "command")
-        runners = self.relay._runners
-        if answer.look is not Look.NONE:
-            settle_s = runners.settle_s if answer.look is Look.SETTLE else 0.0
-            verdict = await runners.verdict(self.runner_id, settle_s=settle_s)
-            if isinstance(verdict, Ended):
-                return _ended_as(verdict)
-            if isinstance(verdict, Unrecorded):
-                answer = verdict.answer(self.runner_id)
+        verdict = await self.relay._runners.looked(self.runner_id, answer.look)
+        if isinstance(verdict, Ended):
+            return _ended_as(verdict)
+        if isinstance(verdict, Unrecorded):
+            answer = verdict.answer(self.runner_id)
         log.log(
             logging.ERROR if isinstance(exc, ExecForbidden) else logging.WARNING,
             "execution on runner %s failed: %s (Nomad: %s)",

@@ -11,6 +11,7 @@ from typing import Any, cast
 import pytest
 
 from controller.dataplane import answers
+from controller.dataplane.answers import Look
 from controller.dataplane.runners import ClaimedRunners, Ended, Unrecorded, Unusable, read_times
 from controller.metrics import Metrics
 from controller.model import LossReason
@@ -265,3 +266,14 @@ def test_a_claim_made_on_another_replica_a_moment_ago_is_served(one: OneRunner) 
         assert refusal(runners, "5-00000000-0000-4000-8000-000000000999").status == 410
     finally:
         other.actor.shutdown()
+
+
+@pytest.mark.parametrize(("look", "reads"), [(Look.NONE, 0), (Look.ONCE, 1), (Look.SETTLE, 2)])
+async def test_a_failure_looks_as_hard_as_its_answer_says(
+    one: OneRunner, look: Look, reads: int
+) -> None:
+    runner_id = one.claim()
+    pools = Rereads(one.controller.pools)
+    runners = ClaimedRunners(cast(Pools, pools), settle_s=0.1)  # reads at 0 and 0.1 s
+    assert await runners.looked(runner_id, look) is None
+    assert pools.rereads == reads

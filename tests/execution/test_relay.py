@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
+from controller.dataplane.answers import Look
 from controller.dataplane.runners import Ended, Verdict, read_times
 from controller.execution.command import ExecSettings, ExecutionRequest, kill_command
 from controller.execution.frames import Frame
@@ -61,6 +62,11 @@ class FakeRunners:
 
     def ended(self, runner_id: str) -> bool:
         return self.lost is not None
+
+    async def looked(self, runner_id: str, look: Look) -> Verdict:
+        if look is Look.NONE:
+            return None
+        return await self.verdict(runner_id, settle_s=self.settle_s if look is Look.SETTLE else 0)
 
     async def verdict(self, runner_id: str, *, read: bool = True, settle_s: float = 0.0) -> Verdict:
         loop = asyncio.get_running_loop()
