@@ -14,6 +14,10 @@ CodeOcean does. Each part has a claimed runner of its own.
 - Download: `GET /files/raw` of a 200 MB file an execution wrote: throughput
   as the client reads the streamed body; Content-Length, the byte count and
   the SHA-256 (against `sha256sum` in the runner) are checked.
+- Missing path: `GET /files/raw` of a path that does not exist, repeated:
+  the time until the 424 (the controller reads the allocation once its
+  client could have reported a restart, NRC_NOMAD_CLIENT_SYNC, before it
+  believes the file is missing rather than reset).
 - The controller's RSS growth (peak while it runs minus before, sampled
   every 50 ms) during one PATCH of a single 100 MiB file (its base64 in the
   JSON body, sent from a generator so this process never holds it), during
@@ -311,6 +315,23 @@ def downloads(ctl: ChildProcess, api: Http, runner: str, size: int, times: int) 
     }
 
 
+def missing(api: Http, runner: str, times: int) -> dict[str, Any]:
+    """Reads of a path that does not exist: seconds until each 424."""
+    seconds: list[float] = []
+    statuses: list[int] = []
+    for i in range(times):
+        started = time.perf_counter()
+        status, _ = api.request("GET", files_path(runner, "/raw", path=f"no-such-file-{i}"))
+        seconds.append(time.perf_counter() - started)
+        statuses.append(status)
+    return {
+        "seconds": [round(s, 4) for s in seconds],
+        "statuses": statuses,
+        "p50_s": percentile(seconds, 50),
+        "p99_s": percentile(seconds, 99),
+    }
+
+
 def large_listing(ctl: ChildProcess, api: Http, runner: str, entries: int) -> dict[str, Any]:
     """A listing too large to hold: its entries are made by an execution, and
     the controller's RSS is sampled while the JSON streams through it."""
@@ -376,6 +397,7 @@ def run(quick: bool = False) -> Result:
             both, api, runners[0], int(1000 * scale), 2 if quick else UPLOADS
         )
         details["listing"] = listing(api, runners[1], int(10_000 * scale), 2 if quick else 5)
+        details["missing"] = missing(api, runners[1], 5 if quick else 20)
         details["download"] = downloads(
             ctl, api, runners[2], int(200_000_000 * scale), 1 if quick else DOWNLOADS
         )
@@ -415,6 +437,15 @@ def run(quick: bool = False) -> Result:
         "",
         f"== {ls['files']}",
         note=f"{ls['entries']} entries with the directories",
+    )
+    gone = details["missing"]
+    result.add(
+        "424 for a missing path, p50",
+        gone["p50_s"] * 1000,
+        "ms",
+        "<= 250",
+        note=f"p99 {gone['p99_s'] * 1000:.0f} ms over {len(gone['seconds'])}; "
+        f"{gone['statuses'].count(424)} answered 424",
     )
     dl = details["download"]
     result.add(

@@ -481,6 +481,17 @@ class Settings(BaseSettings):
         "then doubling, and at the end); Nomad's servers hear of a restart a little late.",
         json_schema_extra=_allowed(f"a duration from 0 to 60s, {_DURATION_FORMS}", duration=True),
     )
+    nomad_client_sync_s: Duration = Field(
+        default=0.25,
+        alias="NRC_NOMAD_CLIENT_SYNC",
+        ge=0,
+        le=10,
+        description="How long a Nomad client takes to report what happened to an allocation "
+        "(its 200 ms update batch, then the server's 50 ms one). A missing path is answered "
+        "424 once this long has passed since its read started and the allocation, read from "
+        "Nomad, shows no restart, kill or migration; else after NRC_LOSS_SETTLE.",
+        json_schema_extra=_allowed(f"a duration from 0 to 10s, {_DURATION_FORMS}", duration=True),
+    )
     execution_id_ttl_s: Duration = Field(
         default=300.0,
         alias="NRC_EXECUTION_ID_TTL",
@@ -1170,6 +1181,7 @@ class Settings(BaseSettings):
             broken_as_exit_zero=self.exec_broken_end == "exit0",
             signal_loss_window_s=self.exec_signal_loss_window_s,
             loss_settle_s=self.loss_settle_s,
+            client_sync_s=self.nomad_client_sync_s,
             ids=self.id_signer(),
         )
 

@@ -15,11 +15,20 @@ As Nomad's client, it learns of its allocations by watching the state store
 (`on_commit`): an allocation the scheduler placed is received, one it told
 to stop is killed, one purged or on a node that went down is dropped. It
 reports back through `AllocUpdates` only (Nomad's Node.UpdateAlloc); each
-report is an `AllocClientUpdate` transaction (AllocationUpdated events)."""
+report is an `AllocClientUpdate` transaction (AllocationUpdated events).
+
+Reports are not instant in Nomad: the client batches its allocations'
+changes and sends them every 200 ms (`allocSyncIntv`), and the server
+commits the updates it receives in batches of its own (Node.UpdateAlloc,
+50 ms). `client_sync_ms` models the sum: a change lives on the node at once
+(the driver follows `view`, so a restarted task has its fresh container and
+file system) but reaches the state store, and so the API and the event
+stream, only when the pending batch is sent. 0 reports at once."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
@@ -62,6 +71,12 @@ class Client:
         # restart-policy interval per allocation: when it began, restarts used in it
         self._window_start: dict[str, int] = {}
         self._window_count: dict[str, int] = {}
+        # Changes lived on the node but not yet reported (client_sync_ms), in
+        # the order they happened; the timer sends them as one batch.
+        self._unsynced: dict[str, Alloc] = {}
+        self._sync_timer: asyncio.TimerHandle | None = None
+        # Told of every change as it happens on the node (the driver).
+        self.on_local: Callable[[str, Alloc], None] = lambda alloc_id, alloc: None
 
     # -- watching the state store -------------------------------------------------
 
@@ -75,7 +90,9 @@ class Client:
                 elif before is None:
                     self._on_placed(after)
                 elif before.desired_status == "run" and after.desired_status == "stop":
-                    self._on_stop(self._store.allocs[change.key])
+                    stopped = self.view(change.key)
+                    assert stopped is not None
+                    self._on_stop(stopped)
             elif change.table == NODES:
                 before, after = change.before, change.after
                 went_down = before is not None and before.status != "down"
@@ -101,8 +118,36 @@ class Client:
         node = self._store.nodes.get(alloc.node_id)
         return node is not None and node.status == "ready"
 
+    def view(self, alloc_id: str) -> Alloc | None:
+        """The allocation as its node knows it: the server's, with the client's
+        state of a change not yet reported."""
+        alloc = self._store.allocs.get(alloc_id)
+        pending = self._unsynced.get(alloc_id)
+        if alloc is None or pending is None:
+            return alloc
+        return _with_client_state(alloc, pending)
+
     def _update(self, alloc: Alloc) -> Alloc:
-        return self._server.update_alloc(alloc)
+        delay_s = self._config.client_sync_ms / 1000
+        if delay_s <= 0:
+            return self._server.update_alloc(alloc)
+        self._unsynced.pop(alloc.id, None)
+        self._unsynced[alloc.id] = alloc
+        self.on_local(alloc.id, alloc)
+        if self._sync_timer is None:
+            self._sync_timer = self._time.timers.call_later(delay_s, self._sync)
+        return alloc
+
+    def _sync(self) -> None:
+        """Send the pending batch: each allocation's client state onto what the
+        server holds now (a stop it decided meanwhile stays)."""
+        self._sync_timer = None
+        batch, self._unsynced = self._unsynced, {}
+        for alloc_id, pending in batch.items():
+            current = self._store.allocs.get(alloc_id)
+            if current is None or not self._node_up(current):
+                continue
+            self._server.update_alloc(_with_client_state(current, pending))
 
     def _with_event(self, alloc: Alloc, event: TaskEvent, **changes: object) -> Alloc:
         states = []
@@ -113,7 +158,7 @@ class Client:
         return replace(alloc, task_states=tuple(states))
 
     def _current(self, alloc_id: str) -> Alloc | None:
-        alloc = self._store.allocs.get(alloc_id)
+        alloc = self.view(alloc_id)
         if alloc is None or not self._node_up(alloc):
             return None
         return alloc
@@ -131,7 +176,7 @@ class Client:
         alloc = self._with_event(
             alloc, TaskEvent("Received", now, display_message="Task received by client")
         )
-        prev = self._store.allocs.get(alloc.previous_allocation)
+        prev = self.view(alloc.previous_allocation)
         if prev is not None and not prev.client_terminal() and self._node_up(prev):
             # Nomad's client waits for the previous allocation to stop first.
             self._update(alloc)
@@ -392,6 +437,17 @@ class Client:
         """A down node's client reports nothing more: drop its timers."""
         for alloc in self._store.node_allocs(node_id):
             self._forget(alloc.id)
+            self._unsynced.pop(alloc.id, None)
 
     def pending_timers(self) -> int:
         return len(self._timers)
+
+
+def _with_client_state(alloc: Alloc, client: Alloc) -> Alloc:
+    """`alloc` with the fields a client reports (Node.UpdateAlloc) from `client`."""
+    return replace(
+        alloc,
+        client_status=client.client_status,
+        client_description=client.client_description,
+        task_states=client.task_states,
+    )

@@ -48,6 +48,11 @@ class SimConfig:
     # kill_timeout (Nomad's default 5 s) unless its kill_signal is SIGKILL.
     # False: every stop takes stop_delay_ms only.
     kill_timeouts: bool = True
+    # How long a client's change of an allocation (a task started, restarted,
+    # killed) takes to reach the servers: Nomad's client sends its updates
+    # every 200 ms (allocSyncIntv) and the server commits them in 50 ms
+    # batches. The node (the driver) lives the change at once. 0: at once.
+    client_sync_ms: float = 0.0
     # How far behind the leader a stale list read may be.
     stale_lag_ms: float = 500.0
     # Multiplies durations that come from Nomad objects (restart and reschedule

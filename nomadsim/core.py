@@ -87,6 +87,8 @@ class Simulator:
             memory_oversubscription=self.config.memory_oversubscription,
         )
         self.client = Client(store, self.time, self.config, self.node_endpoint)
+        self.client.on_local = self.driver.client_changed
+        self.driver.client_view = self.client.view
         store.watch(self.client.on_commit)
         self.variables = Variables(store, self.time, self.new_id)
 

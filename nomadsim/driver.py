@@ -736,6 +736,9 @@ class Driver:
         self._root_lock = threading.Lock()
         # allocation -> StartedAt of the run its tasks are in, while they run
         self._runs: dict[str, int] = {}
+        # The allocation as its node knows it (the client's view, set by the
+        # simulator): a task's container follows the node, not the servers.
+        self.client_view: Callable[[str], Alloc | None] = self._store.allocs.get
         self._executions: dict[str, set[Execution]] = {}
         # Allocations whose processes may be around, and those with a directory.
         self._with_processes: set[str] = set()
@@ -822,7 +825,9 @@ class Driver:
     def on_commit(self, commit: Commit) -> None:
         for change in commit.changes:
             if change.table == ALLOCS:
-                self._alloc_changed(change.key, change.after)
+                after = change.after
+                # The node's own view when it lived a change not yet reported.
+                self._alloc_changed(change.key, after and self.client_view(change.key))
             elif (
                 change.table == NODES
                 and change.after is not None
@@ -833,6 +838,10 @@ class Driver:
                 on_node = self._store.allocs_by_node.get(change.key, set())
                 for alloc_id in [a for a in self._runs if a in on_node]:
                     self._stop_run(alloc_id)
+
+    def client_changed(self, alloc_id: str, alloc: Alloc) -> None:
+        """A change on the node, before its client reports it to the servers."""
+        self._alloc_changed(alloc_id, alloc)
 
     def _run_of(self, alloc: Alloc | None) -> int | None:
         """StartedAt of the run the allocation's tasks are in, None when they

@@ -144,7 +144,7 @@ class Http:
         result: dict[str, Any] = self.get(f"/v1/allocation/{alloc_id}")
         return result
 
-    def running(self, job_id: str, n: int = 1) -> list[dict[str, Any]]:
+    def running(self, job_id: str, n: int = 1, timeout: float = 5.0) -> list[dict[str, Any]]:
         """Wait until the job has n running allocations that should run; return them."""
 
         def check() -> list[dict[str, Any]]:
@@ -155,4 +155,4 @@ class Http:
             ]
             return allocs if len(allocs) == n else []
 
-        return wait_until(check)
+        return wait_until(check, timeout)

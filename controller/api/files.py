@@ -83,11 +83,11 @@ def router(
             raise
 
     async def lost_meanwhile(
-        runner_id: str, operation: str, look: Look = Look.ONCE
+        runner_id: str, operation: str, look: Look = Look.ONCE, since: float | None = None
     ) -> ApiError | None:
         """The runner's 410 (or 503 while its loss cannot be recorded) if Nomad,
         read again, shows its claim is over; None while it is still claimed."""
-        verdict = await runners.looked(runner_id, look)
+        verdict = await runners.looked(runner_id, look, since)
         if verdict is None:
             return None
         answer = verdict.answer(runner_id)
@@ -98,7 +98,7 @@ def router(
         """The answer for a failed operation: the runner's 410 if it was lost
         meanwhile, else the table's."""
         answer = answers.file_failure(exc)
-        gone = await lost_meanwhile(runner_id, operation, answer.look)
+        gone = await lost_meanwhile(runner_id, operation, answer.look, exc.since)
         if gone is not None:
             return gone
         if answer.result == "nomad_error":

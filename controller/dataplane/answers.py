@@ -50,6 +50,10 @@ class Look(Enum):
     NONE = "none"  # nothing ran, or the answer does not depend on the file system
     ONCE = "once"  # read the runner again now
     SETTLE = "settle"  # read it again over the settle time
+    # Read its allocation once its client has reported what happened before
+    # the failure; the settle only if that read shows a restart, kill or
+    # migration in flight (a missing path: the file system may have been reset).
+    QUIET = "quiet"
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,7 @@ def file_failure(error: FileError) -> Answer:
     if isinstance(error, ExecFailed):
         return exec_failure(error.error, "file operation")
     if isinstance(error, Unreadable):
-        return Answer(424, error.message, result="not_found", look=Look.SETTLE)
+        return Answer(424, error.message, result="not_found", look=Look.QUIET)
     if isinstance(error, Conflict):
         return Answer(409, error.message, result="conflict", look=Look.ONCE)
     if isinstance(error, CopyFailed):

@@ -12,6 +12,14 @@ servers hear of a restart a little after it happened (a client reports its
 allocations in batches; a lagging server answers from before), so a failure
 that may come from a reset file system is believed only once the runner still
 looks claimed after the settle time.
+
+A missing path is believed sooner (`Look.QUIET`): a reset file system means
+the task restarted before the exec that met it started, and a Nomad client
+reports such a change within its sync time (NRC_NOMAD_CLIENT_SYNC: its 200 ms
+update batch, then the server's 50 ms one). So one read of the allocation
+that long after the exec was opened, if it shows the claim's allocation still
+running with the claim's restart count and nothing stopping or migrating it,
+settles it (`nothing_in_flight`); anything else falls back to the settle.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from dataclasses import dataclass
 
 from controller.dataplane import answers
 from controller.dataplane.answers import Answer, Look
-from controller.model import LossReason, RunnerView
+from controller.model import Allocation, Claim, LossReason, RunnerView
 from controller.nomad.errors import NomadError
 from controller.reconcile.claims import NotLeader
 from controller.reconcile.facade import Pools
@@ -43,6 +51,20 @@ def read_times(settle_s: float) -> tuple[float, ...]:
     while early and early[-1] + step < settle_s:
         early += (early[-1] + step,)
     return (*early, settle_s) if settle_s > 0 else (0.0,)
+
+
+def nothing_in_flight(alloc: Allocation | None, claim: Claim) -> bool:
+    """Whether Nomad's `alloc` shows the claim's allocation running as it was
+    claimed: not restarted since, and no stop or migration decided."""
+    return (
+        alloc is not None
+        and bool(claim.alloc_id)
+        and alloc.id == claim.alloc_id
+        and alloc.restarts == claim.restarts
+        and alloc.client_status == "running"
+        and alloc.desired_status == "run"
+        and not alloc.migrate
+    )
 
 
 class Unusable(Exception):
@@ -76,11 +98,13 @@ Verdict = Ended | Unrecorded | None
 
 class ClaimedRunners:
     """`settle_s`: how long after a failure Nomad is read again for a loss
-    (NRC_LOSS_SETTLE)."""
+    (NRC_LOSS_SETTLE); `client_sync_s`: how long a Nomad client takes to
+    report an allocation's change (NRC_NOMAD_CLIENT_SYNC)."""
 
-    def __init__(self, pools: Pools, settle_s: float = 0.85) -> None:
+    def __init__(self, pools: Pools, settle_s: float = 0.85, client_sync_s: float = 0.25) -> None:
         self._pools = pools
         self.settle_s = settle_s
+        self.client_sync_s = client_sync_s
 
     # -- before the work (blocking) ----------------------------------------------------
 
@@ -147,12 +171,34 @@ class ClaimedRunners:
                 return verdict
         return verdict
 
-    async def looked(self, runner_id: str, look: Look) -> Verdict:
+    async def looked(self, runner_id: str, look: Look, since: float | None = None) -> Verdict:
         """`verdict` as hard as a failure's `look` asks (answers.Look): no
-        read, one read now, or reads over the settle time."""
+        read, one read now, reads over the settle time, or — for `QUIET`, with
+        `since` the event loop time the failing exec was opened — one read of
+        the allocation once its client has reported, the settle only when
+        that read shows something in flight."""
         if look is Look.NONE:
             return None
-        return await self.verdict(runner_id, settle_s=self.settle_s if look is Look.SETTLE else 0.0)
+        if look is Look.QUIET and since is not None:
+            return await self._quiet(runner_id, since)
+        wait = look in (Look.SETTLE, Look.QUIET)
+        return await self.verdict(runner_id, settle_s=self.settle_s if wait else 0.0)
+
+    async def _quiet(self, runner_id: str, since: float) -> Verdict:
+        view = self._pools.lookup(runner_id)
+        claim = view.job.claim if view is not None else None
+        if view is None or claim is None or view.loss is not None:
+            return await asyncio.to_thread(self._look, runner_id)
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, since + self.client_sync_s - loop.time()))
+        try:
+            alloc = await asyncio.to_thread(self._pools.allocation, claim.alloc_id)
+        except Exception as exc:
+            log.warning("reading the allocation of runner %s from Nomad: %s", runner_id, exc)
+            alloc = None
+        if nothing_in_flight(alloc, claim):
+            return await asyncio.to_thread(self._look, runner_id)
+        return await self.verdict(runner_id, settle_s=self.settle_s)
 
     async def stop(self, runner_id: str, reason: LossReason) -> None:
         """End the claim with `reason` (the job is stopped with it: Nomad kills

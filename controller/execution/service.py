@@ -24,6 +24,7 @@ class ExecutionSettings:
     signal_loss_window_s: float = 0.5
     limits: Limits = field(default_factory=Limits)
     loss_settle_s: float = 0.85  # NRC_LOSS_SETTLE, for executions and files alike
+    client_sync_s: float = 0.25  # NRC_NOMAD_CLIENT_SYNC
     # NRC_API_ADVERTISE_URL with the replicas' key: ids other replicas can take.
     ids: Signer | None = None
 
@@ -49,7 +50,7 @@ def executions(
     controller: Pools, execs: Execs | None, settings: ExecutionSettings | None = None
 ) -> Executions:
     s = settings or ExecutionSettings()
-    runners = ClaimedRunners(controller, s.loss_settle_s)
+    runners = ClaimedRunners(controller, s.loss_settle_s, s.client_sync_s)
     relay = Relay(
         execs if execs is not None else NoExec(),
         runners,

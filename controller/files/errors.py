@@ -14,9 +14,14 @@ from controller.nomad.errors import ExecError
 
 
 class FileError(Exception):
-    def __init__(self, message: str) -> None:
+    """`since`: when (event loop time) the exec that met the failure was
+    opened, if one was: what happened on the runner before it, Nomad shows
+    a client's report later (dataplane.runners)."""
+
+    def __init__(self, message: str, since: float | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.since = since
 
 
 class Unreadable(FileError):

@@ -136,18 +136,21 @@ class Files:
         """What one upload may list (`upload.parse`)."""
         return self._settings.upload_limits
 
-    async def _open(self, alloc_id: str, command: Callable[[str], list[str]]) -> Session:
+    async def _open(self, alloc_id: str, command: Callable[[str], list[str]]) -> _Operation:
         """Open the exec of `command(marker)`: closed before its command was
         seen to exit (given up on: a client gone, an error, a cancellation),
         the processes carrying its marker are killed."""
         marker = f"file-{uuid.uuid4().hex}"
+        opened_at = asyncio.get_running_loop().time()
         try:
             session = await self._execs.open(
                 alloc_id, self._settings.exec.task, command(marker), tty=False
             )
         except ExecError as exc:
             raise ExecFailed(exc) from None
-        return _Operation(session, lambda: self._background(self._kill(alloc_id, marker)))
+        return _Operation(
+            session, lambda: self._background(self._kill(alloc_id, marker)), opened_at
+        )
 
     def _background(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -225,7 +228,9 @@ class Files:
                         _link_message(scripts.link_refused(bytes(result.stderr)) or path)
                     )
                 if result.code != 0:
-                    raise Unreadable(f"{path!r} cannot be listed: {result.message()}")
+                    raise Unreadable(
+                        f"{path!r} cannot be listed: {result.message()}", session.opened_at
+                    )
         return Listing(_Body(self._listing_body(session, events, first, path, recursive), session))
 
     async def _listing_body(
@@ -306,8 +311,10 @@ class Files:
                         _link_message(scripts.link_refused(bytes(result.stderr)) or path)
                     )
                 if result.code in (scripts.IS_DIRECTORY, scripts.NOT_REGULAR):
-                    raise Unreadable(f"{path!r} is not a file: {result.message()}")
-                raise Unreadable(f"{path!r} cannot be read: {result.message()}")
+                    raise Unreadable(
+                        f"{path!r} is not a file: {result.message()}", session.opened_at
+                    )
+                raise Unreadable(f"{path!r} cannot be read: {result.message()}", session.opened_at)
             line, _, rest = bytes(head).partition(b"\n")
             size, mtime = scripts.parse_stat(line)
             try:
@@ -358,9 +365,10 @@ class _Operation:
     exec's process running when its client goes: a read script waiting on
     its input, a `tail` blocked writing, a copy's `rm -rf`)."""
 
-    def __init__(self, session: Session, abandoned: Callable[[], None]) -> None:
+    def __init__(self, session: Session, abandoned: Callable[[], None], opened_at: float) -> None:
         self._session = session
         self._abandoned = abandoned
+        self.opened_at = opened_at  # event loop time, before the exec was asked for
         self._exited = False
         self._closed = False
 

@@ -34,6 +34,7 @@ import nomad.api.exceptions as nomad_exc
 import requests
 import tenacity
 
+from controller.model import Allocation
 from controller.nomad.connection import NomadConnection, RequestHook, report_request
 from controller.nomad.decode import decode_allocation, decode_job_stub
 from controller.nomad.errors import (
@@ -171,16 +172,23 @@ class NomadClient:
             return None
         return reply.body
 
-    def allocation_node(self, alloc_id: str) -> str | None:
-        """The id of the node an allocation was placed on; None when Nomad
-        does not know the allocation."""
+    def get_allocation(self, alloc_id: str) -> Allocation | None:
+        """One allocation as Nomad's leader holds it now (a default read, which
+        a follower forwards; never `stale`); None when Nomad does not know it."""
         reply = self._call(
             "get_allocation",
             lambda: self._allocation.request(_segment(alloc_id), method="get"),
             final=lambda status, _: "ok" if status == 404 else None,
         )
-        node = reply.body.get("NodeID") if isinstance(reply.body, dict) else None
-        return node if isinstance(node, str) and node else None
+        if reply.status == 404 or not isinstance(reply.body, dict):
+            return None
+        return decode_allocation(reply.body)
+
+    def allocation_node(self, alloc_id: str) -> str | None:
+        """The id of the node an allocation was placed on; None when Nomad
+        does not know the allocation."""
+        alloc = self.get_allocation(alloc_id)
+        return alloc.node_id if alloc is not None and alloc.node_id else None
 
     def node_http_address(self, node_id: str) -> str | None:
         """A node's `HTTPAddr` (host:port of its client agent); None when

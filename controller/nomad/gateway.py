@@ -94,6 +94,10 @@ class NomadGateway(Protocol):
         """All allocations of the namespace, with task states and allocated ports."""
         ...
 
+    def get_allocation(self, alloc_id: str) -> Allocation | None:
+        """One allocation as Nomad's leader holds it now; None when unknown."""
+        ...
+
     def register_job(self, job: JsonDict, enforce_index: int | None = None) -> WriteResult:
         """Register (create or update) a job. With `enforce_index`, the write only
         succeeds if the job's JobModifyIndex equals it (0 = the job must not exist);

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from controller.clock import Clock
 from controller.metrics import Metrics
-from controller.model import Environment, LossReason, RunnerView
+from controller.model import Allocation, Environment, LossReason, RunnerView
 from controller.nomad import jobs
 from controller.nomad.gateway import NomadGateway
 from controller.prewarm.policy import Decision, ceiling_for
@@ -89,6 +89,11 @@ class Pools:
     def reread(self, runner_ids: Collection[str]) -> None:
         """Read these runners from Nomad now (see `Observer.reread`)."""
         self._observer.reread(runner_ids)
+
+    def allocation(self, alloc_id: str) -> Allocation | None:
+        """One allocation as Nomad's leader holds it now (one read; the
+        snapshot is not changed by it)."""
+        return self._gateway.get_allocation(alloc_id)
 
     def _known(self) -> Snapshot:
         """The snapshot, listing Nomad first if it never was: before that an

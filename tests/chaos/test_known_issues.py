@@ -31,6 +31,7 @@ from fastapi.testclient import TestClient
 
 from controller.api.app import create_app
 from controller.api.streamed import Streamed
+from controller.execution.service import ExecutionSettings, executions
 from controller.files.errors import Interrupted
 from controller.files.service import Files
 from controller.model import Environment, LossReason
@@ -172,17 +173,22 @@ RESTART_IN_1S = 1 / 15
 
 @contextlib.contextmanager
 def marker_after_a_restart(
-    sim: SimServer, env: Environment
+    sim: SimServer, env: Environment, settings: ExecutionSettings | None = None
 ) -> Iterator[tuple[TestClient, str, float]]:
     """A claimed runner that was given a marker file, whose task then crashed and
     was restarted in place by Nomad (a fresh working directory), unseen by the
     controller (it has not listed Nomad since): the API, the marker's URL and
-    when the crash was (monotonic)."""
+    when the crash was (monotonic). With the simulator's `client_sync_ms`, the
+    restart may not have reached Nomad's servers yet."""
     with filled_controller(sim, env) as c:
         runner = c.claims.claim(env.id, timeout_s=0)
         assert runner.alloc is not None
         api = TestClient(
-            create_app(c.pools, file_service=Files(ExecClient(address=sim.address), c.metrics))
+            create_app(
+                c.pools,
+                execution=executions(c.pools, None, settings),
+                file_service=Files(ExecClient(address=sim.address), c.metrics),
+            )
         )
         files = f"/api/v1/runners/{runner.id}/files"
         raw = f"{files}/raw?path=marker&privilegedExecution=true"
@@ -195,9 +201,10 @@ def marker_after_a_restart(
         assert crash.status_code == 200, crash.text
 
         def restarted() -> bool:
-            a = sim.call(lambda: sim.sim.store.allocs[alloc])
+            a = sim.call(lambda: sim.sim.client.view(alloc))  # as its node knows it
             return bool(
-                a.client_status == "running"
+                a is not None
+                and a.client_status == "running"
                 and all(t.state == "running" and t.restarts >= 1 for _, t in a.task_states)
             )
 
@@ -226,6 +233,25 @@ class _Constant(random.Random):
 
     def random(self) -> float:
         return self.value
+
+
+def test_a_read_before_the_client_reported_the_restart_answers_410_not_424(
+    make_sim: MakeSim,
+) -> None:
+    """A Nomad client reports an allocation's change up to its sync time
+    later (200 ms, then the server's 50 ms batch; 2 s here): the missing path
+    is believed only after a read of the allocation made that long after the
+    exec was opened, which shows the restart. Trusting a read at once (sync
+    time 0) answers 424 from the fresh file system."""
+    sim = make_sim(time_scale=RESTART_IN_1S, client_sync_ms=2000.0)
+    with marker_after_a_restart(
+        sim,
+        Environment(id=11, image="python:3.12", prewarming_pool_size=1),
+        ExecutionSettings(client_sync_s=2.1),
+    ) as (api, raw, _):
+        answer = api.get(raw)
+    assert answer.status_code == 410, (answer.status_code, answer.text)
+    assert "restarted" in answer.json()["message"]
 
 
 def test_a_read_after_a_restart_is_410_when_nomad_reads_lag_briefly(make_sim: MakeSim) -> None:

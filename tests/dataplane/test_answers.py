@@ -37,7 +37,7 @@ from controller.nomad.errors import (
 NOMAD_TEXT = "rpc error: dial tcp 10.1.2.3:4647: Permission denied"
 
 FILES: list[tuple[FileError, int, str | None, str, Look]] = [
-    (Unreadable("'a.txt' cannot be read: no such file"), 424, None, "not_found", Look.SETTLE),
+    (Unreadable("'a.txt' cannot be read: no such file"), 424, None, "not_found", Look.QUIET),
     (Conflict("'a' is a directory"), 409, None, "conflict", Look.ONCE),
     (CopyFailed("tar: a: Cannot open"), 500, "UNKNOWN", "failed", Look.SETTLE),
     (RangeNotSatisfiable(10), 416, None, "bad_request", Look.NONE),

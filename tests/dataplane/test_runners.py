@@ -4,6 +4,7 @@ who may use it, with which answer, and how long a failure waits for a loss."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection, Iterator
 from dataclasses import replace
 from typing import Any, cast
@@ -12,9 +13,16 @@ import pytest
 
 from controller.dataplane import answers
 from controller.dataplane.answers import Look
-from controller.dataplane.runners import ClaimedRunners, Ended, Unrecorded, Unusable, read_times
+from controller.dataplane.runners import (
+    ClaimedRunners,
+    Ended,
+    Unrecorded,
+    Unusable,
+    nothing_in_flight,
+    read_times,
+)
 from controller.metrics import Metrics
-from controller.model import LossReason
+from controller.model import Allocation, Claim, LossReason
 from controller.nomad.gateway import AllocListing, NomadUnavailable
 from controller.reconcile.facade import Pools
 from controller.reconcile.loop import Controller
@@ -277,3 +285,66 @@ async def test_a_failure_looks_as_hard_as_its_answer_says(
     runners = ClaimedRunners(cast(Pools, pools), settle_s=0.1)  # reads at 0 and 0.1 s
     assert await runners.looked(runner_id, look) is None
     assert pools.rereads == reads
+
+
+RUNNING = Allocation(id="alloc-1", job_id="5-x", client_status="running", restarts=1)
+CLAIMED = Claim(alloc_id="alloc-1", restarts=1)
+
+
+@pytest.mark.parametrize(
+    ("alloc", "claim", "quiet"),
+    [
+        (RUNNING, CLAIMED, True),
+        (None, CLAIMED, False),  # Nomad does not know it (any more)
+        (replace(RUNNING, restarts=2), CLAIMED, False),  # restarted since the claim
+        (replace(RUNNING, id="alloc-2"), CLAIMED, False),  # the claim's allocation was replaced
+        (replace(RUNNING, client_status="pending"), CLAIMED, False),  # restarting
+        (replace(RUNNING, desired_status="stop"), CLAIMED, False),  # being stopped
+        (replace(RUNNING, migrate=True), CLAIMED, False),  # being migrated
+        (RUNNING, Claim(alloc_id="", restarts=1), False),  # a claim adopted from Poseidon
+    ],
+)
+def test_nothing_in_flight_is_the_claims_allocation_as_it_was_claimed(
+    alloc: Allocation | None, claim: Claim, quiet: bool
+) -> None:
+    assert nothing_in_flight(alloc, claim) is quiet
+
+
+async def test_a_missing_path_is_believed_after_one_read_once_the_client_reported(
+    one: OneRunner,
+) -> None:
+    runner_id = one.claim()
+    view = one.controller.pools.lookup(runner_id)
+    assert view is not None and view.job.claim is not None
+    pools = Rereads(one.controller.pools)
+    runners = ClaimedRunners(cast(Pools, pools), settle_s=0.85, client_sync_s=0.05)
+    loop = asyncio.get_running_loop()
+    since = loop.time()
+    assert await runners.looked(runner_id, Look.QUIET, since) is None
+    # Not before the client could have reported what happened before the exec.
+    assert loop.time() - since >= 0.05
+    assert pools.rereads == 0, "no settle"
+    assert one.nomad.reads.count(f"get_allocation {view.job.claim.alloc_id}") == 1
+
+
+async def test_a_missing_path_after_a_restart_nomad_shows_is_the_runners_loss(
+    one: OneRunner,
+) -> None:
+    runner_id = one.claim()
+    view = one.controller.pools.lookup(runner_id)
+    assert view is not None and view.job.claim is not None
+    alloc = one.nomad.allocs[view.job.claim.alloc_id]
+    one.nomad.put_alloc(replace(alloc, restarts=alloc.restarts + 1))  # the snapshot lags
+    pools = Rereads(one.controller.pools)
+    runners = ClaimedRunners(cast(Pools, pools), settle_s=0.1, client_sync_s=0.0)
+    verdict = await runners.looked(runner_id, Look.QUIET, asyncio.get_running_loop().time())
+    assert isinstance(verdict, Ended) and verdict.reason is LossReason.RESTARTED
+    assert pools.rereads >= 1, "the settle read what the allocation showed"
+
+
+async def test_a_missing_path_without_its_exec_time_waits_the_settle(one: OneRunner) -> None:
+    runner_id = one.claim()
+    pools = Rereads(one.controller.pools)
+    runners = ClaimedRunners(cast(Pools, pools), settle_s=0.1, client_sync_s=0.05)
+    assert await runners.looked(runner_id, Look.QUIET) is None
+    assert pools.rereads == 2

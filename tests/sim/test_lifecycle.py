@@ -459,3 +459,40 @@ def test_same_seed_same_calls_same_ids_and_placements(make_sim: Callable[..., Si
 
     assert run(make_sim(seed=42)) == run(make_sim(seed=42))
     assert run(make_sim(seed=42)) != run(make_sim(seed=43))
+
+
+def test_a_client_lives_a_restart_before_the_servers_hear_of_it(
+    make_sim: Callable[..., SimServer],
+) -> None:
+    # Nomad's client sends its allocations' changes every 200 ms and the
+    # server commits them in 50 ms batches: the task restarts on its node (a
+    # fresh container, a fresh file system) before the API shows the restart.
+    # A long window, so the first read falls inside it however slow the test.
+    server = make_sim(client_sync_ms=3000.0)
+    http = Http(server.address)
+    restart = {"Attempts": 2, "Interval": 3600 * SECOND, "Delay": 0, "Mode": "fail"}
+    http.register(runner_job("1-s", restart=restart))
+    (alloc,) = http.running("1-s", timeout=10)
+    task_dir = server.sim.task_dir(alloc["ID"])
+    assert task_dir is not None
+    (task_dir / "marker").write_text("before the restart")
+    assert http.request("POST", f"/_sim/allocation/{alloc['ID']}/crash").ok
+
+    def fresh_container() -> bool:
+        again = server.sim.task_dir(alloc["ID"])
+        return again is not None and not (again / "marker").exists()
+
+    wait_until(fresh_container)
+    seen = http.alloc(alloc["ID"])
+    assert seen["ClientStatus"] == "running"
+    assert seen["TaskStates"]["default-task"]["Restarts"] == 0
+    reported = wait_until(
+        lambda: (a := http.alloc(alloc["ID"]))["TaskStates"]["default-task"]["Restarts"] == 1 and a,
+        timeout=10,
+    )
+    assert reported["ClientStatus"] == "running"
+    assert [e["Type"] for e in reported["TaskStates"]["default-task"]["Events"]][-3:] == [
+        "Terminated",
+        "Restarting",
+        "Started",
+    ]

@@ -364,6 +364,11 @@ class FakeNomad:
         answers = tuple(self._answer(a) for a in self.allocs.values())
         return AllocListing(answers, self._full_list_index())
 
+    def get_allocation(self, alloc_id: str) -> Allocation | None:
+        self.reads.append(f"get_allocation {alloc_id}")
+        alloc = self.allocs.get(alloc_id)
+        return self._answer(alloc) if alloc is not None else None
+
     # -- ScopedLists ------------------------------------------------------------------------
 
     def list_jobs_by_id(self, job_ids: Collection[str]) -> JobListing:
