@@ -37,7 +37,6 @@ DELETE_REASONS = (
 RECONCILE_RESULTS = ("success", "error", "requeue_after")
 INVARIANTS = ("claimed_twice", "claimed_in_pool")
 GUARDS = ("expectation", "stale_list")
-EVENT_TOPICS = ("Job", "Allocation", "Evaluation", "Node")
 EXECUTION_RESULTS = ("exit", "timeout", "lost", "error", "client_disconnected")
 EXECUTION_STREAMS = ("stdin", "stdout", "stderr")
 FILE_OPERATIONS = ("copy", "list", "download")

@@ -42,7 +42,9 @@ from controller.reconcile.writes import SpecWriter
 
 log = logging.getLogger(__name__)
 
-EVENT_TOPICS = ("Job", "Allocation", "Evaluation", "Node")
+# Not Evaluation: evaluations are not in the snapshot, so their events (two of
+# the five frames each job write causes) only woke passes that found nothing new.
+EVENT_TOPICS = ("Job", "Allocation", "Node")
 FULL_RELIST_EVERY = 10  # resync intervals between full re-lists while events flow
 
 
