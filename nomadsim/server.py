@@ -59,7 +59,14 @@ def _loopback(host: str) -> bool:
 
 def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family)
+    sock = socket.create_server((host, port), family=family)
+    # Nomad (Go) answers with Nagle's algorithm off. asyncio turns it off only
+    # on sockets it made itself (it checks the protocol number, which
+    # create_server leaves 0), and a keep-alive answer written in two parts
+    # would then wait for the client's delayed ACK: 40 ms a request. Accepted
+    # connections inherit the option from the listener.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 def _url(host: str, port: int) -> str:

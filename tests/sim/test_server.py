@@ -1,11 +1,14 @@
-"""Stopping a served simulator: long requests end, reconnects cannot hold it up."""
+"""A served simulator: answers kept-alive requests at once; stopping it, long
+requests end and reconnects cannot hold it up."""
 
 from __future__ import annotations
 
+import http.client
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -92,3 +95,21 @@ def test_blocked_query_in_flight_ends_at_stop(make_sim: Callable[..., SimServer]
     client.join(5)
     (reply,) = replies
     assert reply.status_code == 200 and len(reply.json()) == server.sim.config.nodes
+
+
+def test_kept_alive_requests_do_not_wait_for_delayed_acks(sim: SimServer) -> None:
+    """Nomad answers with Nagle's algorithm off. With it on, an answer written
+    in two parts on a kept-alive connection waits for the client's delayed
+    ACK: 40 ms a request (20 requests took 880 ms; now a few ms)."""
+    address = urlsplit(sim.address)
+    conn = http.client.HTTPConnection(address.hostname or "127.0.0.1", address.port)
+    try:
+        started = time.monotonic()
+        for _ in range(20):
+            conn.request("GET", "/v1/agent/self")
+            answer = conn.getresponse()
+            answer.read()
+            assert answer.status == 200
+        assert time.monotonic() - started < 0.4
+    finally:
+        conn.close()
