@@ -72,6 +72,21 @@ class Probe:
             return result
 
         gateway.register_job = timed_register
+        # Claims write through the async writer on the event loop (aclient.py).
+        claim_writer: Any = controller.writer._async_gateway
+        if claim_writer is not None:
+            aregister = claim_writer.register_job
+
+            async def timed_aregister(job: JsonDict, enforce_index: int | None = None) -> Any:
+                started = time.perf_counter()
+                result = await aregister(job, enforce_index)
+                with self._lock:
+                    if enforce_index:
+                        self.claim_writes[str(job.get("ID"))] = time.perf_counter() - started
+                    self.requests["PUT /v1/jobs"] = self.requests.get("PUT /v1/jobs", 0) + 1
+                return result
+
+            claim_writer.register_job = timed_aregister
         session: requests.Session = gateway._session
         session.hooks["response"].append(self._count)
         if track_ready:

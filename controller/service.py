@@ -37,6 +37,7 @@ from controller.files.service import Files
 from controller.logs import configure_logging
 from controller.metrics import Metrics
 from controller.model import Environment
+from controller.nomad.aclient import AsyncJobWriter
 from controller.nomad.budget import AgentSlots
 from controller.nomad.client import NomadClient
 from controller.nomad.exec import ExecClient
@@ -114,7 +115,26 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
     controller_settings = dataclasses.replace(
         settings.controller_settings(), template=settings.template_policy(base)
     )
-    controller = Controller(gateway, controller_settings, metrics=metrics, stream_factory=factory)
+    # Claims write on the API's event loop through a pool of their own (but
+    # with a budget too small to split, through the client's, on a thread).
+    claim_pool = budget.shares.claim_pool
+    claim_writer = (
+        AsyncJobWriter(
+            connection,
+            timeout_s=settings.nomad_timeout_s,
+            on_request=metrics.record_request,
+            connections=claim_pool,
+        )
+        if claim_pool
+        else None
+    )
+    controller = Controller(
+        gateway,
+        controller_settings,
+        metrics=metrics,
+        stream_factory=factory,
+        async_gateway=claim_writer,
+    )
     exec_client = ExecClient(
         connection,
         nodes=NodeDirectory(gateway) if settings.nomad_exec_on_node else None,

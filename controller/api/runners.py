@@ -63,10 +63,11 @@ def router(controller: Pools, runners: ClaimedRunners, dependencies: list[Any]) 
         responses=responses(400, 404, 413, 415, 500, 503),
         openapi_extra=request_body(RunnerRequest, "The environment and the inactivity timeout."),
     )
-    def provide(body: RunnerBody) -> RunnerCreated:
+    async def provide(body: RunnerBody) -> RunnerCreated:
         env_id = body.executionEnvironmentId
         try:
-            view = controller.claim(env_id, body.inactivityTimeout)
+            # On the event loop: no thread hop for a claim (docs/performance.md).
+            view = await controller.claim_async(env_id, body.inactivityTimeout)
         except UnknownEnvironment:
             raise ApiError(404, f"execution environment {env_id} does not exist") from None
         except NoRunnerAvailable:

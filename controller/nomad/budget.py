@@ -7,15 +7,18 @@ a running exec WebSocket no longer counts, its handshake does, and so does
 every kept-alive HTTP connection and the event stream. The controller's
 connections to one agent are therefore, at any moment:
 
-- the HTTP pool of the NomadClient (to NOMAD_ADDR only), kept alive;
+- the HTTP pool of the NomadClient (to NOMAD_ADDR only), kept alive, and
+  the claims' own pool (`controller.nomad.aclient`, on the API's event loop),
+  a quarter of it;
 - the event stream (to NOMAD_ADDR only), one;
 - exec handshakes in flight, to NOMAD_ADDR and to each node's agent.
 
 `NRC_NOMAD_MAX_CONNS_PER_AGENT` (default 80: headroom under Nomad's 100 for
 the operator's CLI and agents on the same address, and for connections
 go-connlimit still counts while they close) bounds their sum per agent
-address. `shares` splits it: the HTTP pool takes half of it (at most the
-pool size the client needs, 64), the event stream one, exec handshakes the
+address. `shares` splits it: the HTTP pools take half of it (at most the
+pool size the client needs, 64; a quarter of that is the claims' own), the
+event stream one, exec handshakes the
 rest on NOMAD_ADDR and the whole budget on any other agent. An exec beyond
 its share waits for a handshake to finish, in a queue of at most
 `NRC_NOMAD_CONN_QUEUE` waiters per agent; beyond that it is refused at once
@@ -58,7 +61,8 @@ class BudgetSettings:
 class Shares:
     """The budget of one agent address, split (see the module docstring)."""
 
-    http_pool: int  # kept-alive HTTP connections to NOMAD_ADDR
+    http_pool: int  # kept-alive HTTP connections to NOMAD_ADDR (the NomadClient's)
+    claim_pool: int  # of those the claims' writer holds (0: claims use the other pool)
     event_stream: int  # to NOMAD_ADDR
     exec_configured: int  # exec handshakes at once to NOMAD_ADDR
     exec_node: int  # exec handshakes at once to any other agent
@@ -66,10 +70,13 @@ class Shares:
 
 def shares(settings: BudgetSettings) -> Shares:
     total = max(MIN_MAX_CONNS, settings.max_conns_per_agent)
-    http_pool = max(1, min(MAX_HTTP_POOL, total // 2))
-    exec_configured = max(1, total - http_pool - EVENT_STREAMS)
+    http = max(1, min(MAX_HTTP_POOL, total // 2))
+    claim_pool = http // 4
+    http_pool = http - claim_pool
+    exec_configured = max(1, total - http - EVENT_STREAMS)
     return Shares(
         http_pool=http_pool,
+        claim_pool=claim_pool,
         event_stream=EVENT_STREAMS,
         exec_configured=exec_configured,
         exec_node=total,

@@ -275,22 +275,12 @@ class NomadClient:
     # -- writes --------------------------------------------------------------------
 
     def register_job(self, job: JsonDict, enforce_index: int | None = None) -> WriteResult:
-        # Nomad takes the job's own Namespace over the query parameter, so a job
-        # read from elsewhere must not carry another namespace into this write.
-        body: JsonDict = {"Job": {**job, "Namespace": self.namespace}}
-        if enforce_index is not None:
-            body["EnforceIndex"] = True
-            body["JobModifyIndex"] = enforce_index
+        body = register_body(job, self.namespace, enforce_index)
         # A retried register whose first attempt did land (answer lost to a
         # timeout) comes back as IndexConflict with enforce_index: the caller
         # re-observes either way, so that is safe.
         reply = self._call("register_job", lambda: self._jobs.request(method="put", json=body))
-        answer = reply.body if isinstance(reply.body, dict) else {}
-        return WriteResult(
-            index=int(answer.get("Index") or reply.index),
-            job_modify_index=int(answer.get("JobModifyIndex") or 0),
-            warnings=_warnings(str(answer.get("Warnings") or "")),
-        )
+        return write_result(reply.body, reply.index)
 
     def parse_job_hcl(self, hcl: str) -> JsonDict:
         """A job in HCL as Nomad's API JSON, parsed by Nomad (`POST
@@ -542,6 +532,32 @@ def _lock_gone(status: int, text: str) -> Outcome | None:
     if classify(status, text) in (Kind.LOCK_GONE, Kind.NOT_FOUND):
         return "conflict"
     return None
+
+
+def register_body(job: JsonDict, namespace: str, enforce_index: int | None) -> JsonDict:
+    """The body of Nomad's register (`PUT /v1/jobs`); with `enforce_index`,
+    only over that version of the job (0: only if it does not exist)."""
+    # Nomad takes the job's own Namespace over the query parameter, so a job
+    # read from elsewhere must not carry another namespace into this write.
+    body: JsonDict = {"Job": {**job, "Namespace": namespace}}
+    if enforce_index is not None:
+        body["EnforceIndex"] = True
+        body["JobModifyIndex"] = enforce_index
+    return body
+
+
+def write_result(answer: Any, header_index: int | str) -> WriteResult:
+    """What a register answered (its JSON body and X-Nomad-Index)."""
+    body = answer if isinstance(answer, dict) else {}
+    try:
+        index = int(body.get("Index") or header_index)
+    except ValueError:
+        index = 0
+    return WriteResult(
+        index=index,
+        job_modify_index=int(body.get("JobModifyIndex") or 0),
+        warnings=_warnings(str(body.get("Warnings") or "")),
+    )
 
 
 def _warnings(text: str) -> tuple[str, ...]:

@@ -33,14 +33,16 @@ that migrates the allocation): the first write wins and is never rewritten.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
 
 from controller.clock import Clock
 from controller.metrics import Metrics
-from controller.model import SECOND, Claim, LossReason, Phase, RunnerView
+from controller.model import SECOND, Claim, LossReason, Phase, RunnerView, Template
 from controller.nomad import jobs
 from controller.nomad.gateway import IndexConflict, NomadAPIError, NomadGateway, NomadUnavailable
 from controller.reconcile.expectations import Expectations
@@ -48,6 +50,8 @@ from controller.reconcile.observe import Observer
 from controller.reconcile.uses import RunnerUse, Uses
 from controller.reconcile.waiting import WaitingClaims
 from controller.reconcile.writes import SpecWriter
+
+JsonDict = dict[str, Any]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +109,16 @@ class RunnerGuard:
             self._deleting.discard(runner_id)
 
 
+class LostRace:
+    """Set when a claim's write lost to another writer (IndexConflict)."""
+
+    def __init__(self) -> None:
+        self.lost = False
+
+    def __bool__(self) -> bool:
+        return self.lost
+
+
 class Claims:
     def __init__(
         self,
@@ -157,19 +171,57 @@ class Claims:
             return dict(self._activity), busy
 
     def claim(self, env_id: int, timeout_s: int) -> RunnerView:
+        template, started = self._claim_begins(env_id)
+        view = self._first_claimable(env_id, timeout_s)
+        if view is None:
+            view = self._after_miss(env_id, template, timeout_s)
+        return self._claimed(env_id, view, started)
+
+    async def claim_async(self, env_id: int, timeout_s: int) -> RunnerView:
+        """`claim` on the event loop: the write is awaited, not run on a
+        thread; only a claim that waits for a runner (NRC_CLAIM_WAIT) does."""
+        template, started = self._claim_begins(env_id)
+        view: RunnerView | None = None
+        for candidate in self._candidates(env_id):
+            if not self._guard.begin_claim(candidate):
+                continue
+            try:
+                prepared = self._prepare(candidate, timeout_s)
+                if prepared is None:
+                    continue
+                spec, index, claim = prepared
+                with self._writing(candidate) as lost_race:
+                    await self._writer.register_async(spec, enforce_index=index)
+                if not lost_race:
+                    view = self._written(candidate, claim)
+            finally:
+                self._guard.end_claim(candidate)
+            if view is not None:
+                break
+        if view is None:
+            view = await asyncio.to_thread(self._after_miss, env_id, template, timeout_s)
+        return self._claimed(env_id, view, started)
+
+    def _claim_begins(self, env_id: int) -> tuple[Template, float]:
         if not self._can_serve():
             raise NotLeader
         started = self._clock.monotonic()
         template = self._observer.snapshot.templates.get(env_id)
         if template is None:
             raise UnknownEnvironment(env_id)
-        view = self._first_claimable(env_id, timeout_s)
-        if view is None:
-            # A miss for adaptive prewarming even if a wait serves it.
-            self._metrics.prewarm_misses.labels(str(env_id)).inc()
-            self._on_change(env_id)
-            if template.env.prewarming_pool_size > 0:
-                view = self._waiting.serve(env_id, lambda: self._first_claimable(env_id, timeout_s))
+        return template, started
+
+    def _after_miss(self, env_id: int, template: Template, timeout_s: int) -> RunnerView | None:
+        """No runner was claimable: counted as a miss, the pool told, and the
+        claim waits for one if it may (blocking)."""
+        # A miss for adaptive prewarming even if a wait serves it.
+        self._metrics.prewarm_misses.labels(str(env_id)).inc()
+        self._on_change(env_id)
+        if template.env.prewarming_pool_size <= 0:
+            return None
+        return self._waiting.serve(env_id, lambda: self._first_claimable(env_id, timeout_s))
+
+    def _claimed(self, env_id: int, view: RunnerView | None, started: float) -> RunnerView:
         if view is None:
             self._metrics.claims.labels("empty").inc()
             raise NoRunnerAvailable(env_id)
@@ -179,36 +231,51 @@ class Claims:
         self._on_change(env_id)
         return view
 
-    def _first_claimable(self, env_id: int, timeout_s: int) -> RunnerView | None:
-        """Claim the oldest ready runner of the environment that can be claimed
-        now; None when there is none."""
+    def _candidates(self, env_id: int) -> Iterator[str]:
+        """Ready idle runners of the environment that may be claimed, oldest
+        first (the snapshot keeps them in that order), lazily: the first one
+        claimed ends the search."""
         snap = self._observer.snapshot
         template = snap.templates.get(env_id)
         if template is None:
-            return None
-        # Oldest first (the snapshot keeps them in that order), lazily: the
-        # first one that can be claimed ends the search.
-        candidates = (
-            v
-            for v in snap.claimable(env_id)
-            if not v.claimed
-            and v.known
-            and v.phase is Phase.READY
-            and v.job.template_hash == template.env.template_hash
-            and not self._expectations.is_deleting(v.id)
-        )
-        for candidate in candidates:
-            if not self._guard.begin_claim(candidate.id):
+            return
+        for v in snap.claimable(env_id):
+            if (
+                not v.claimed
+                and v.known
+                and v.phase is Phase.READY
+                and v.job.template_hash == template.env.template_hash
+                and not self._expectations.is_deleting(v.id)
+            ):
+                yield v.id
+
+    def _first_claimable(self, env_id: int, timeout_s: int) -> RunnerView | None:
+        """Claim the oldest ready runner of the environment that can be claimed
+        now; None when there is none."""
+        for candidate in self._candidates(env_id):
+            if not self._guard.begin_claim(candidate):
                 continue
             try:
-                view = self._try_claim(candidate.id, timeout_s)
+                view = self._try_claim(candidate, timeout_s)
             finally:
-                self._guard.end_claim(candidate.id)
+                self._guard.end_claim(candidate)
             if view is not None:
                 return view
         return None
 
     def _try_claim(self, runner_id: str, timeout_s: int) -> RunnerView | None:
+        prepared = self._prepare(runner_id, timeout_s)
+        if prepared is None:
+            return None
+        spec, index, claim = prepared
+        with self._writing(runner_id) as lost_race:
+            self._writer.register(spec, enforce_index=index)
+        return None if lost_race else self._written(runner_id, claim)
+
+    def _prepare(self, runner_id: str, timeout_s: int) -> tuple[JsonDict, int, Claim] | None:
+        """The claimed spec to write over the runner's newest known version
+        (its JobModifyIndex), and the claim; None when it cannot be claimed
+        after all (call with the guard held)."""
         # Re-read under the guard: the snapshot may have moved since we chose.
         current = self._observer.snapshot.runners.get(runner_id)
         spec = self._observer.spec(runner_id)
@@ -216,17 +283,21 @@ class Claims:
             return None
         if current.phase is not Phase.READY or jobs.runner_from_job(spec, current.env_id).claim:
             return None  # the spec is the newest we know: never claim over a claim
-        now = self._clock.now_ns()
         claim = Claim(
             timeout=timeout_s,
             alloc_id=current.alloc.id,
             restarts=current.alloc.restarts,
-            claimed_at=now,
+            claimed_at=self._clock.now_ns(),
         )
+        return jobs.with_claim(spec, claim), jobs.modify_index(spec), claim
+
+    @contextlib.contextmanager
+    def _writing(self, runner_id: str) -> Iterator[LostRace]:
+        """Around a claim's write: a Nomad failure is counted and raised; a
+        race lost to another writer is counted and sets the flag."""
+        lost = LostRace()
         try:
-            self._writer.register(
-                jobs.with_claim(spec, claim), enforce_index=jobs.modify_index(spec)
-            )
+            yield lost
         except (NomadUnavailable, NomadAPIError):
             self._metrics.claims.labels("error").inc()
             raise
@@ -234,9 +305,12 @@ class Claims:
             # Somebody else changed it first (another claimer, a replica): next one.
             self._metrics.claims.labels("conflict").inc()
             log.info("claim of %s lost a race; trying the next runner", runner_id)
-            return None
+            lost.lost = True
+
+    def _written(self, runner_id: str, claim: Claim) -> RunnerView | None:
+        """The claimed runner once its write landed (None: not visible)."""
         with self._lock:
-            self._activity[runner_id] = now
+            self._activity[runner_id] = claim.claimed_at
         view = self._observer.snapshot.runners.get(runner_id)
         if view is None or view.job.claim != claim:
             # Deleted under us after the write (it cannot be: the guard is held).

@@ -169,6 +169,10 @@ class Pools:
     def claim(self, env_id: int, timeout_s: int) -> RunnerView:
         return self._claims.claim(env_id, timeout_s)
 
+    async def claim_async(self, env_id: int, timeout_s: int) -> RunnerView:
+        """`claim` on the event loop (the API's)."""
+        return await self._claims.claim_async(env_id, timeout_s)
+
     def lookup(self, runner_id: str) -> RunnerView | None:
         return self._claims.lookup(runner_id)
 

@@ -38,7 +38,7 @@ from controller.reconcile.ratelimit import TokenBucket
 from controller.reconcile.reconciler import PoolReconciler
 from controller.reconcile.waiting import WaitingClaims
 from controller.reconcile.worker import Worker
-from controller.reconcile.writes import SpecWriter
+from controller.reconcile.writes import RegistersAsync, SpecWriter
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,10 @@ class Controller:
         clock: Clock | None = None,
         metrics: Metrics | None = None,
         stream_factory: StreamFactory | None = None,
+        async_gateway: RegistersAsync | None = None,
     ) -> None:
+        """`async_gateway`: claims write through it on the API's event loop
+        (`controller.nomad.aclient`); without it, on a thread."""
         self.settings = s = settings or ControllerSettings()
         self.clock = clock or SystemClock()
         self.metrics = metrics or Metrics()
@@ -101,7 +104,9 @@ class Controller:
             metrics=self.metrics,
             full_relist_s=FULL_RELIST_EVERY * s.resync_interval_s,
         )
-        self.writer = SpecWriter(gateway=gateway, observer=self.observer)
+        self.writer = SpecWriter(
+            gateway=gateway, observer=self.observer, async_gateway=async_gateway
+        )
         self.guard = RunnerGuard()
         self.elector: LeaderElector | None = None
         if s.leader_election:

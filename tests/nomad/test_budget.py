@@ -39,16 +39,18 @@ def anyio_backend() -> str:
 @pytest.mark.parametrize(
     ("total", "expected"),
     [
-        (80, Shares(http_pool=40, event_stream=1, exec_configured=39, exec_node=80)),
-        (100, Shares(http_pool=50, event_stream=1, exec_configured=49, exec_node=100)),
-        (200, Shares(http_pool=64, event_stream=1, exec_configured=135, exec_node=200)),
-        (3, Shares(http_pool=1, event_stream=1, exec_configured=1, exec_node=3)),
+        (80, Shares(30, claim_pool=10, event_stream=1, exec_configured=39, exec_node=80)),
+        (100, Shares(38, claim_pool=12, event_stream=1, exec_configured=49, exec_node=100)),
+        (200, Shares(48, claim_pool=16, event_stream=1, exec_configured=135, exec_node=200)),
+        (7, Shares(3, claim_pool=0, event_stream=1, exec_configured=3, exec_node=7)),
+        (3, Shares(1, claim_pool=0, event_stream=1, exec_configured=1, exec_node=3)),
     ],
 )
 def test_shares(total: int, expected: Shares) -> None:
     assert shares(BudgetSettings(max_conns_per_agent=total)) == expected
     split = shares(BudgetSettings(max_conns_per_agent=total))
-    assert split.http_pool + split.event_stream + split.exec_configured <= max(3, total)
+    pools = split.http_pool + split.claim_pool
+    assert pools + split.event_stream + split.exec_configured <= max(3, total)
 
 
 @pytest.mark.parametrize(

@@ -115,20 +115,22 @@ CONFLICTS = [
 ]
 
 
+@pytest.mark.parametrize("on_the_loop", [False, True], ids=["on a thread", "on the event loop"])
 @pytest.mark.parametrize(("name", "taken", "ours"), CONFLICTS, ids=[c[0] for c in CONFLICTS])
 def test_a_claim_that_loses_the_write_moves_to_the_next_runner(
-    pool: Pool, name: str, taken: list[int], ours: int | None
+    pool: Pool, name: str, taken: list[int], ours: int | None, on_the_loop: bool
 ) -> None:
     ids = pool.ready_runners(2)
     for n in taken:
         claimed_elsewhere(pool, ids[n])
     winners = {ids[n]: pool.nomad.specs[ids[n]]["JobModifyIndex"] for n in taken}
+    claim = pool.claim_async if on_the_loop else pool.claim
 
     if ours is None:
         with pytest.raises(NoRunnerAvailable):
-            pool.claim(TIMEOUT_S)
+            claim(TIMEOUT_S)
     else:
-        assert pool.claim(TIMEOUT_S).id == ids[ours], name
+        assert claim(TIMEOUT_S).id == ids[ours], name
 
     assert pool.nomad.conflicts == [ids[n] for n in taken], "Nomad refused each stale write"
     for runner_id, index in winners.items():

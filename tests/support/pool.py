@@ -7,12 +7,14 @@ Nomad would."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 from controller.clock import ManualClock
 from controller.metrics import Metrics
 from controller.model import Environment, RunnerView
 from controller.nomad import jobs
+from controller.nomad.gateway import WriteResult
 from controller.reconcile.act import Actor
 from controller.reconcile.claims import Claims, RunnerGuard
 from controller.reconcile.expectations import Expectations
@@ -21,9 +23,20 @@ from controller.reconcile.ratelimit import TokenBucket
 from controller.reconcile.snapshot import Snapshot
 from controller.reconcile.uses import RunnerUse
 from controller.reconcile.writes import SpecWriter
-from tests.support.fake_nomad import FakeNomad
+from tests.support.fake_nomad import FakeNomad, JsonDict
 
 ENV = Environment(id=3, image="python:3.12", prewarming_pool_size=2)
+
+
+class AsyncOver:
+    """The in-memory Nomad's register as the claims' asynchronous writer
+    (controller.nomad.aclient) offers it."""
+
+    def __init__(self, nomad: FakeNomad) -> None:
+        self.nomad = nomad
+
+    async def register_job(self, job: JsonDict, enforce_index: int | None = None) -> WriteResult:
+        return self.nomad.register_job(job, enforce_index)
 
 
 class Pool:
@@ -50,7 +63,9 @@ class Pool:
             expectations=self.expectations,
             metrics=self.metrics,
         )
-        self.writer = SpecWriter(gateway=self.nomad, observer=self.observer)
+        self.writer = SpecWriter(
+            gateway=self.nomad, observer=self.observer, async_gateway=AsyncOver(self.nomad)
+        )
         self.guard = RunnerGuard()
         self.claims = Claims(
             gateway=self.nomad,
@@ -116,6 +131,10 @@ class Pool:
 
     def claim(self, timeout_s: int = 0, env: Environment = ENV) -> RunnerView:
         return self.claims.claim(env.id, timeout_s)
+
+    def claim_async(self, timeout_s: int = 0, env: Environment = ENV) -> RunnerView:
+        """`claim` as the API makes it: on an event loop, the write awaited."""
+        return asyncio.run(self.claims.claim_async(env.id, timeout_s))
 
     def claim_ready(self, timeout_s: int = 60) -> str:
         """The environment with one ready runner, claimed (inactivity `timeout_s`); its id."""

@@ -1,0 +1,118 @@
+"""AsyncJobWriter, the claims' register on the event loop, against the
+simulator: the same request, answers, errors, retries and request metrics
+as NomadClient.register_job, through a client agent as in production."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from controller.nomad.aclient import AsyncJobWriter
+from controller.nomad.client import NomadClient
+from controller.nomad.connection import NomadConnection
+from controller.nomad.gateway import IndexConflict, NomadAPIError, NomadUnavailable
+from nomadsim import SimServer
+from tests.helpers import Http, runner_job
+from tests.nomad.test_forwarded import Outcomes
+from tests.support.ports import free_port
+
+
+@pytest.fixture
+def entry(make_sim: Callable[..., SimServer]) -> str:
+    server: SimServer = make_sim(servers=3, entry="client")
+    return server.address
+
+
+def writer(address: str, outcomes: Outcomes | None = None, **kwargs: object) -> AsyncJobWriter:
+    connection = NomadConnection(address=address, namespace="default")
+    return AsyncJobWriter(connection, on_request=outcomes, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_register_writes_what_the_client_writes(entry: str) -> None:
+    outcomes = Outcomes()
+    w = writer(entry, outcomes)
+
+    async def run() -> tuple[int, int]:
+        try:
+            first = await w.register_job(runner_job("1-a"), enforce_index=0)
+            job = {**runner_job("1-a"), "Meta": {"claimed": "yes"}}
+            second = await w.register_job(job, enforce_index=first.job_modify_index)
+            return first.job_modify_index, second.job_modify_index
+        finally:
+            await w.aclose()
+
+    first, second = asyncio.run(run())
+    assert 0 < first < second
+    stored = Http(entry).get("/v1/job/1-a")
+    assert stored["Meta"] == {"claimed": "yes"}
+    assert stored["JobModifyIndex"] == second
+    assert stored["Namespace"] == "default"
+    # The synchronous client reads back what the writer wrote.
+    spec = NomadClient(address=entry).get_job("1-a")
+    assert spec is not None and spec["JobModifyIndex"] == second
+    assert outcomes.of("register_job") == [("ok", "200"), ("ok", "200")]
+
+
+def test_a_forwarded_enforce_index_conflict_is_a_conflict_never_retried(entry: str) -> None:
+    outcomes = Outcomes()
+    w = writer(entry, outcomes, retry_max_wait_s=0.01)
+
+    async def run() -> None:
+        try:
+            first = await w.register_job(runner_job("1-b"), enforce_index=0)
+            with pytest.raises(IndexConflict, match="rpc error: Enforcing job modify index"):
+                await w.register_job(runner_job("1-b"), enforce_index=0)
+            with pytest.raises(IndexConflict, match="conflicting job modify index"):
+                await w.register_job(runner_job("1-b"), enforce_index=first.job_modify_index + 7)
+        finally:
+            await w.aclose()
+
+    asyncio.run(run())
+    assert outcomes.of("register_job") == [
+        ("ok", "200"),
+        ("conflict", "500"),
+        ("conflict", "500"),
+    ]
+
+
+def test_a_refused_job_is_nomads_error(entry: str) -> None:
+    w = writer(entry, retry_attempts=1)
+
+    async def run() -> None:
+        try:
+            with pytest.raises(NomadAPIError, match='Invalid job type: "no-such-type"') as refused:
+                await w.register_job({"ID": "1-c", "Type": "no-such-type"})
+            assert refused.value.status == 500  # forwarded: Nomad's `rpc error: …`
+        finally:
+            await w.aclose()
+
+    asyncio.run(run())
+
+
+def test_no_nomad_is_unavailable_after_the_retries() -> None:
+    outcomes = Outcomes()
+    w = writer(f"http://127.0.0.1:{free_port()}", outcomes, retry_attempts=3, retry_max_wait_s=0.01)
+
+    async def run() -> None:
+        try:
+            with pytest.raises(NomadUnavailable, match="register_job"):
+                await w.register_job(runner_job("1-d"), enforce_index=0)
+        finally:
+            await w.aclose()
+
+    asyncio.run(run())
+    assert outcomes.of("register_job") == [("unavailable", "none")] * 3
+
+
+def test_each_event_loop_gets_its_own_connections(entry: str) -> None:
+    """A test client runs each request on a loop of its own: a writer used
+    from a second loop must not reuse the first loop's connections."""
+    w = writer(entry)
+
+    async def register(job_id: str) -> int:
+        return (await w.register_job(runner_job(job_id), enforce_index=0)).job_modify_index
+
+    assert asyncio.run(register("1-e")) > 0
+    assert asyncio.run(register("1-f")) > 0
