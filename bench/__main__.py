@@ -3,7 +3,7 @@ write bench/results/<name>.json for each and print the table.
 
 Names: claims, convergence, event_to_ready, pass_cost, steady_load (which also
 writes memory), executions, files, prewarm, timeouts, templates, production,
-replicas, claim_wait.
+replicas, claim_wait, clients.
 `python -m bench prewarm --trace FILE.csv` replays a claim trace of your own
 instead of the shipped ones (bench/b8_prewarm.py). `--profile` adds, for claims
 and executions, where the controller's CPU goes by function (bench/profile.py).
@@ -34,6 +34,7 @@ from bench import (
     b11_production,
     b12_replicas,
     b13_claim_wait,
+    b15_clients,
 )
 from bench.common import Result, machine, render_table, write_result
 
@@ -51,6 +52,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[Result]]] = {
     "production": lambda quick: [b11_production.run(quick)],
     "replicas": lambda quick: [b12_replicas.run(quick)],
     "claim_wait": lambda quick: [b13_claim_wait.run(quick)],
+    "clients": lambda quick: [b15_clients.run(quick)],
 }
 
 

@@ -74,6 +74,8 @@ class Service:
     relay: Relay
     # With ids other replicas take: how many issued here still wait (the drain waits).
     ids_waiting: Callable[[], int] | None = None
+    # The claims' writer on the API's event loop, closed on that loop at shutdown.
+    claim_writer: AsyncJobWriter | None = None
 
 
 def build(settings: Settings, nomad_address: str | None = None) -> Service:
@@ -174,7 +176,7 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
         issuers=IssuerClient(signer, controller.pools.clock) if signer is not None else None,
     )
     ids_waiting = execution.store.waiting if signer is not None else None
-    return Service(settings, controller, app, drain, execution.relay, ids_waiting)
+    return Service(settings, controller, app, drain, execution.relay, ids_waiting, claim_writer)
 
 
 class _Server(uvicorn.Server):
@@ -259,6 +261,12 @@ class _Server(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        await super().shutdown(sockets=sockets)
+        writer = self._service.claim_writer if self._service is not None else None
+        if writer is not None:
+            await writer.aclose()
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets=sockets)

@@ -5,9 +5,12 @@ as NomadClient.register_job, through a client agent as in production."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import trustme
 
 from controller.nomad.aclient import AsyncJobWriter
 from controller.nomad.client import NomadClient
@@ -106,13 +109,75 @@ def test_no_nomad_is_unavailable_after_the_retries() -> None:
     assert outcomes.of("register_job") == [("unavailable", "none")] * 3
 
 
-def test_each_event_loop_gets_its_own_connections(entry: str) -> None:
-    """A test client runs each request on a loop of its own: a writer used
-    from a second loop must not reuse the first loop's connections."""
+def test_a_closed_writer_opens_new_connections_on_its_next_loop(entry: str) -> None:
     w = writer(entry)
 
     async def register(job_id: str) -> int:
-        return (await w.register_job(runner_job(job_id), enforce_index=0)).job_modify_index
+        try:
+            return (await w.register_job(runner_job(job_id), enforce_index=0)).job_modify_index
+        finally:
+            await w.aclose()
 
     assert asyncio.run(register("1-e")) > 0
     assert asyncio.run(register("1-f")) > 0
+
+
+def test_mutual_tls_token_namespace_and_region_as_configured(tmp_path: Path) -> None:
+    """The same TLS (the Nomad CA, a client certificate), ACL token,
+    namespace and region as every other call to Nomad."""
+    ca = trustme.CA()
+    server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ssl)
+    ca.configure_trust(server_ssl)
+    server_ssl.verify_mode = ssl.CERT_REQUIRED
+    ca_file, cert_file, key_file = (tmp_path / n for n in ("ca.pem", "c.pem", "k.pem"))
+    ca.cert_pem.write_to_path(str(ca_file))
+    client = ca.issue_cert("nomad-runner-controller")
+    client.cert_chain_pems[0].write_to_path(str(cert_file))
+    client.private_key_pem.write_to_path(str(key_file))
+    heads: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        heads.append(head)
+        body = b'{"Index": 8, "JobModifyIndex": 7, "Warnings": ""}'
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        writer.close()
+
+    async def run() -> tuple[int, int]:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server_ssl)
+        port = server.sockets[0].getsockname()[1]
+        connection = NomadConnection(
+            f"https://127.0.0.1:{port}",
+            token="secret",
+            namespace="students",
+            region="eu",
+            ca_cert=str(ca_file),
+            client_cert=str(cert_file),
+            client_key=str(key_file),
+        )
+        w = AsyncJobWriter(connection, retry_attempts=1)
+        try:
+            written = await w.register_job(runner_job("1-g"), enforce_index=3)
+            untrusted = AsyncJobWriter(
+                NomadConnection(f"https://127.0.0.1:{port}", ca_cert=str(ca_file)),
+                retry_attempts=1,
+            )
+            with pytest.raises(NomadUnavailable):  # no client certificate
+                await untrusted.register_job(runner_job("1-g"), enforce_index=3)
+            await untrusted.aclose()
+            return written.index, written.job_modify_index
+        finally:
+            await w.aclose()
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(run()) == (8, 7)
+    (head,) = heads
+    request_line, *lines = head.decode().split("\r\n")
+    assert request_line.startswith("PUT /v1/jobs?")
+    assert "namespace=students" in request_line and "region=eu" in request_line
+    assert "X-Nomad-Token: secret" in lines
