@@ -17,6 +17,7 @@ import pytest
 
 from controller.execution.command import MARKER
 from tests.e2e.test_execution_kill import owned_by, user_of
+from tests.helpers import wait_until
 from tests.support.world import World, world_with
 
 pytestmark = pytest.mark.skipif(
@@ -84,9 +85,13 @@ def test_the_stderr_reader_is_roots_and_the_command_the_users(world: World) -> N
     with world.connect(ws_url) as ws:
         assert json.loads(ws.recv(timeout=5)) == {"type": "start"}
         assert json.loads(ws.recv(timeout=5)) == {"type": "stderr", "data": "up\n"}
-        marked = [
-            found
-            for pid in world.processes(alloc)
-            if (found := name_and_uid(pid)) is not None and MARKER in (environ(pid) or {})
-        ]
-        assert sorted(marked) == [("cat", 0), ("sleep", uid)]
+
+        def marked() -> list[tuple[str, int]]:
+            return sorted(
+                found
+                for pid in world.processes(alloc)
+                if (found := name_and_uid(pid)) is not None and MARKER in (environ(pid) or {})
+            )
+
+        # once the command's shell has exec'd its last command
+        wait_until(lambda: marked() == [("cat", 0), ("sleep", uid)], timeout=5)
