@@ -76,6 +76,22 @@ def test_the_unprivileged_wrapper_is_used_unless_privileged(tmp_path: Path) -> N
     assert (privileged.stdout, privileged.stderr) == ("hi\n", "")
 
 
+def test_the_clients_environment_is_set_after_the_wrapper(tmp_path: Path) -> None:
+    """The wrapper (setuser: a Python interpreter, as root) never sees the
+    request's environment, and the request's HOME wins over the wrapper's."""
+    seen = tmp_path / "seen"
+    shim = tmp_path / "setuser"
+    shim.write_text(
+        f'#!/bin/sh\necho "${{PYTHONPATH-unset}}" > {seen}\nshift\nHOME=/wrapper exec "$@"\n'
+    )
+    shim.chmod(0o755)
+    settings = ExecSettings(unprivileged_wrapper=(str(shim), "user"), separate_stderr=False)
+    environment = {"PYTHONPATH": "/evil", "HOME": "/client"}
+    request = ExecutionRequest('echo "$PYTHONPATH $HOME"', environment=environment)
+    got = run(main_command("e1", request, settings))
+    assert (got.stdout, seen.read_text()) == ("/evil /client\n", "unset\n")
+
+
 def test_stderr_goes_through_the_fifo_to_the_reader(tmp_path: Path) -> None:
     settings = ExecSettings(unprivileged_wrapper=(), separate_stderr=True)
     request = ExecutionRequest("echo out; echo err >&2; echo more-err >&2; exit 5")
