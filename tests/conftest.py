@@ -37,8 +37,10 @@ def sim(make_sim: Callable[..., SimServer]) -> SimServer:
 
 
 # Every process the simulator's exec starts carries the first; every process of
-# one of our executions the second.
+# one of our executions the second — but a root shell of ours that has not
+# exec'd yet only in its script (`command._started`).
 MARKERS = ("NOMADSIM_ALLOC_ID", "NRC_EXECUTION_ID")
+STARTED = "export NRC_EXECUTION_ID="
 
 
 # Set for this session: processes inherit it through the simulator's
@@ -52,10 +54,12 @@ def marked_processes(session: str) -> set[int]:
     for process in psutil.process_iter():
         try:
             environ = process.environ()
+            script = process.cmdline()[2:3]
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         ours = environ.get(SESSION) == session
-        if ours and any(m in environ for m in MARKERS) and process.status() != "zombie":
+        marked = any(m in environ for m in MARKERS) or any(a.startswith(STARTED) for a in script)
+        if ours and marked and process.status() != "zombie":
             found.add(process.pid)
     return found
 

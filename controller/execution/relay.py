@@ -25,7 +25,9 @@ execution flows"):
    the background: Ctrl-\\ through the TTY (SIGQUIT to its foreground group),
    then an exec that SIGKILLs, as the unprivileged user, every process of
    that user when nothing else uses the runner — else every process carrying
-   the execution's marker (`command.kill_command`; no CAP_SYS_PTRACE needed).
+   the execution's marker — and then, as root, root's processes carrying it
+   (the stderr reader, a side still waiting for the other)
+   (`command.kill_command`; no CAP_SYS_PTRACE needed).
    The same kill ends one side of a pair of execs whose other side failed.
    If the command's exec has still not ended 3 s after the limit, the runner is
    stopped and its claim ended as `execution_not_stopped`: its client is told
@@ -289,7 +291,7 @@ class _Run:
         if not s.separate_stderr:
             self.main = await opener.open(self.alloc_id, s.task, main_argv, tty=True)
             return
-        err_argv = stderr_command(self.execution.marker, request, s)
+        err_argv = stderr_command(self.execution.marker, request.privileged)
         # Both at once: the connects overlap, and each side of the FIFO waits
         # for the other inside the runner.
         results = await asyncio.gather(
@@ -450,7 +452,8 @@ class _Run:
     async def _kill_marked(self) -> None:
         """End the execution's processes (`command.kill_command`): all of the
         unprivileged user's when this execution is the runner's only use in
-        flight (its own use still counts here), else those with its marker."""
+        flight (its own use still counts here), else those with its marker;
+        and root's with its marker (the stderr reader among them)."""
         s = self.relay.settings.exec
         alone = self.relay._runners.uses(self.runner_id) <= 1
         argv = kill_command(self.execution.marker, s, sweep_user=alone)

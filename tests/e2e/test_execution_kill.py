@@ -19,11 +19,12 @@ from controller.execution.command import (
     ExecutionRequest,
     fifo_path,
     kill_command,
+    main_command,
     stderr_command,
 )
 from tests.helpers import wait_until
 from tests.sim.test_exec import Session as SimSession
-from tests.sim.test_exec import exec_url
+from tests.sim.test_exec import exec_url, task_dir
 from tests.support.api_server import sim_settings
 from tests.support.world import Run, World, world_with
 
@@ -136,18 +137,40 @@ def test_a_second_execution_in_flight_on_the_runner_is_spared(world: World) -> N
 
 def test_the_reader_of_a_half_opened_pair_is_ended_by_the_kill(world: World) -> None:
     """The stderr reader's exec opened, the command's never came (refused):
-    the reader waits in open(2) on the FIFO as the unprivileged user, where
-    root without CAP_SYS_PTRACE cannot see its marker; the kill as the user
-    ends it."""
+    the reader waits in open(2) on the FIFO in root's shell, which shows the
+    marker only in its script; the kill's pass as root finds it there."""
     runner = world.claim()
     alloc = world.alloc_of(runner)["ID"]
     settings = sim_settings(world.sim).execution_settings().exec  # the service's own
     execution = f"halfopen-{uuid.uuid4().hex}"
-    argv = stderr_command(execution, ExecutionRequest("true"), settings)
-    reader = SimSession(exec_url(world.sim, alloc, argv, task=TASK))
+    reader = SimSession(exec_url(world.sim, alloc, stderr_command(execution, False), task=TASK))
     wait_until(lambda: Path(fifo_path(execution)).exists(), timeout=5)
     kill = kill_command(execution, settings, sweep_user=True)
     assert SimSession(exec_url(world.sim, alloc, kill, task=TASK)).finish().exit_code == 0
     assert reader.finish().exit_code == 137
     assert not left(world, alloc)
+    assert not Path(fifo_path(execution)).exists(), "the FIFO is removed"
+
+
+def test_the_command_of_a_half_opened_pair_never_runs_and_is_ended_by_the_kill(
+    world: World,
+) -> None:
+    """The command's exec opened, the reader's never came: root's shell waits
+    for a reader before the wrapper, so nothing of the command has run; the
+    kill's pass as root ends it."""
+    runner = world.claim()
+    alloc = world.alloc_of(runner)["ID"]
+    settings = sim_settings(world.sim).execution_settings().exec
+    execution = f"halfopen-{uuid.uuid4().hex}"
+    request = ExecutionRequest("touch ran")
+    main = SimSession(
+        exec_url(world.sim, alloc, main_command(execution, request, settings), task=TASK)
+    )
+    wait_until(lambda: Path(fifo_path(execution)).exists(), timeout=5)
+    kill = kill_command(execution, settings, sweep_user=True)
+    assert SimSession(exec_url(world.sim, alloc, kill, task=TASK)).finish().exit_code == 0
+    assert main.finish().exit_code == 137
+    assert not left(world, alloc)
+    workdir = task_dir(world.sim, alloc)
+    assert workdir is not None and not (workdir / "ran").exists(), "the command never ran"
     assert not Path(fifo_path(execution)).exists(), "the FIFO is removed"

@@ -58,6 +58,14 @@ def test_the_program_sees_a_terminal_and_stderr_arrives_apart(world: World) -> N
     assert run.last == {"type": "exit", "data": 0}
 
 
+def test_the_program_may_reopen_its_stderr(world: World) -> None:
+    """`> /dev/stderr` opens the FIFO again, as the unprivileged user: root's
+    FIFO lets that user write to it."""
+    run = world.run(world.claim(), "echo reopened > /dev/stderr; echo out")
+    assert (run.stdout, run.stderr) == ("out\r\n", "reopened\n")
+    assert run.last == {"type": "exit", "data": 0}
+
+
 def test_stderr_merged_when_configured(make_sim: Any) -> None:
     with world_with(make_sim, NRC_EXEC_SEPARATE_STDERR="false") as w:
         run = w.run(w.claim(), "echo oops >&2; echo out")

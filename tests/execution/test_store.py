@@ -45,9 +45,9 @@ def test_pending_ids_are_bounded_per_runner_and_in_all() -> None:
 def test_a_command_is_measured_as_the_shell_gets_it() -> None:
     ids = store(ManualClock(), max_command_bytes=64 * 1024)
     ids.add("r", ExecutionRequest("x" * 60_000))
-    # quoting makes the same number of characters larger: a quote takes 5 twice over
+    # quoting makes the same number of characters larger: a quote takes 5
     with pytest.raises(Refused) as refused:
-        ids.add("r", ExecutionRequest("'" * 10_000))
+        ids.add("r", ExecutionRequest("'" * 14_000))
     assert refused.value.status == 400 and "NRC_EXECUTION_MAX_COMMAND_SIZE" in refused.value.message
     with pytest.raises(Refused):
         ids.add("r", ExecutionRequest("true", environment={"BIG": "v" * 70_000}))
