@@ -223,7 +223,8 @@ def closed_loop(
 # -- bare claim writes ---------------------------------------------------------------
 
 
-def _environment() -> Environment:
+def bare_environment() -> Environment:
+    """The environment whose layout the bare jobs take (never registered)."""
     return Environment(
         id=ENV_ID,
         image="python:3.12-slim",
@@ -261,7 +262,7 @@ class BareJobs:
 
     def __init__(self, sim: Http, count: int) -> None:
         self.sim = sim
-        env = _environment()
+        env = bare_environment()
         template = jobs.template_job(env)
         self.ids = [f"{BARE_PREFIX}{uuid.uuid4()}" for _ in range(count)]
         for job_id in self.ids:
