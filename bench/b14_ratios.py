@@ -675,7 +675,8 @@ def figures(
         "processes started per execution",
         through["per_run"],
         "",
-        note=f"bare exec {direct['per_run']:.1f}; median of machine-wide forks around each",
+        note=f"bare exec {direct['per_run']:.1f}; the median of the machine's forks around "
+        f"each (least {through['min']} and {direct['min']})",
     )
     result.add(
         "processes per execution − per bare exec", through["per_run"] - direct["per_run"], ""
