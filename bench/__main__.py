@@ -3,7 +3,7 @@ write bench/results/<name>.json for each and print the table.
 
 Names: claims, convergence, event_to_ready, pass_cost, steady_load (which also
 writes memory), executions, files, prewarm, timeouts, templates, production,
-replicas, claim_wait, clients.
+replicas, claim_wait, ratios, clients.
 `python -m bench prewarm --trace FILE.csv` replays a claim trace of your own
 instead of the shipped ones (bench/b8_prewarm.py). `--profile` adds, for claims
 and executions, where the controller's CPU goes by function (bench/profile.py).
@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 from bench import (
     b1_claims,
@@ -34,6 +35,7 @@ from bench import (
     b11_production,
     b12_replicas,
     b13_claim_wait,
+    b14_ratios,
     b15_clients,
 )
 from bench.common import Result, machine, render_table, write_result
@@ -52,6 +54,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[Result]]] = {
     "production": lambda quick: [b11_production.run(quick)],
     "replicas": lambda quick: [b12_replicas.run(quick)],
     "claim_wait": lambda quick: [b13_claim_wait.run(quick)],
+    "ratios": lambda quick: [b14_ratios.run(quick)],
     "clients": lambda quick: [b15_clients.run(quick)],
 }
 
@@ -73,12 +76,32 @@ def main(argv: list[str] | None = None) -> int:
         help="claims, executions: also sample where the controller's CPU goes per claim or "
         "execution, by function (bench/results/<name>_profile.json and .txt)",
     )
+    parser.add_argument(
+        "--controller-tree",
+        type=Path,
+        metavar="PATH",
+        help="ratios: run the controller from this checkout of the repository (its own "
+        "bench/ctlproc.py, this interpreter); the simulator and the clients stay this tree's",
+    )
+    parser.add_argument(
+        "--label",
+        default="",
+        help="ratios: write bench/results/ratios_<label>.json instead of ratios.json",
+    )
     args = parser.parse_args(argv)
     names = args.names or list(BENCHMARKS)
     benchmarks = dict(BENCHMARKS)
     if args.profile:
         benchmarks["claims"] = lambda quick: [b1_claims.run(quick, profile=True)]
         benchmarks["executions"] = lambda quick: [b6_executions.run(quick, profile=True)]
+    if args.controller_tree is not None or args.label:
+        if args.names and args.names != ["ratios"]:
+            parser.error("--controller-tree and --label are options of the ratios benchmark only")
+        names = ["ratios"]
+        tree = args.controller_tree.resolve() if args.controller_tree is not None else None
+        if tree is not None and not (tree / "bench" / "ctlproc.py").is_file():
+            parser.error(f"--controller-tree: no bench/ctlproc.py under {tree}")
+        benchmarks["ratios"] = lambda quick: [b14_ratios.run(quick, tree=tree, label=args.label)]
     if args.trace:
         if args.names and args.names != ["prewarm"]:
             parser.error("--trace is an option of the prewarm benchmark only")

@@ -217,12 +217,24 @@ def start_ctlproc(
     nomad: str,
     env: Mapping[str, str] | None = None,
     timeout: float = 120.0,
+    tree: Path | None = None,
 ) -> tuple[ChildProcess, Http]:
     """The controller service in its own process (see bench.ctlproc); returns
-    once its API answers and it has observed Nomad."""
+    once its API answers and it has observed Nomad. With `tree`, the
+    controller (and that tree's bench.ctlproc) comes from that checkout of
+    the repository, run by this interpreter: its directory is the process's
+    working directory and first on its PYTHONPATH, ahead of the editable
+    install of this tree."""
     settings = {"NRC_LOG_LEVEL": "WARNING", "NRC_LOG_FORMAT": "text", **dict(env or {})}
+    if tree is not None:
+        settings["PYTHONPATH"] = str(tree)
     proc = start_controller_process(
-        procs, nomad, settings, argv=python_module("bench.ctlproc"), timeout=timeout
+        procs,
+        nomad,
+        settings,
+        argv=python_module("bench.ctlproc"),
+        timeout=timeout,
+        cwd=tree,
     )
     return proc, Http(proc.address)
 
@@ -264,8 +276,12 @@ class Http:
             self._local.conn = conn
         return conn
 
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
-        data = None if body is None else json.dumps(body).encode()
+    def request(
+        self, method: str, path: str, body: Any = None, *, data: bytes | None = None
+    ) -> tuple[int, bytes]:
+        """`body` is sent as JSON; `data`, bytes already encoded as JSON, instead."""
+        if body is not None:
+            data = json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
         for attempt in range(2):
             conn = self._conn()

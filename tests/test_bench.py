@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import b14_ratios
 from bench import profile as bench_profile
 from bench.b7_files import StreamedUpload, submission
 from bench.common import (
@@ -24,6 +25,7 @@ from bench.common import (
     summary_ms,
     write_result,
 )
+from controller.nomad import jobs
 
 
 @pytest.mark.parametrize(
@@ -131,3 +133,21 @@ def test_a_profile_is_cpu_ms_per_unit_by_function(tmp_path: Path) -> None:
     assert json.loads(path.read_text())["unit"] == "claim"
     text = path.with_suffix(".txt").read_text()
     assert "controller CPU per claim: 5.000 ms" in text and "3.000  a.py:1:f" in text
+
+
+def test_a_bare_claim_write_is_the_register_a_claim_makes_with_its_time_and_index() -> None:
+    env = b14_ratios.bare_environment()
+    spec = jobs.runner_job(jobs.template_job(env), env, "bare-x")
+    spec["JobModifyIndex"] = 7
+    parts = b14_ratios.write_body(spec, "alloc-1")
+    body = json.loads(b14_ratios.fill(parts, 1_700_000_000_000_000_001, 42))
+    assert body["EnforceIndex"] is True
+    assert body["JobModifyIndex"] == 42
+    assert body["Job"]["ID"] == "bare-x"
+    assert body["Job"]["Namespace"] == "default"
+    claim = jobs.runner_from_job(body["Job"], env.id).claim
+    assert claim is not None
+    assert (claim.alloc_id, claim.claimed_at) == ("alloc-1", 1_700_000_000_000_000_001)
+    # A runner id names an environment; the bare jobs' ids do not, so the
+    # controller leaves them alone.
+    assert jobs.env_id_of(body["Job"]["ID"]) is None

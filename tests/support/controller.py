@@ -6,6 +6,7 @@ operator runs it (`start_controller_process`, for the benchmarks)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -96,14 +97,19 @@ def start_controller_process(
     argv: Sequence[str] | None = None,
     timeout: float = 120.0,
     port: int | None = None,
+    cwd: Path | None = None,
 ) -> ChildProcess:
     """The controller service as a child process (`argv`: `run` by default),
     appended to `started` (whoever owns that list stops it); returns once its
     API answers /readyz (it has observed Nomad), with `address` its API's
-    (on `port`, a free one by default)."""
+    (on `port`, a free one by default); `cwd`: its working directory (this
+    repository by default)."""
     port = port if port is not None else free_port()
     command = argv if argv is not None else python_module("controller", "run")
-    child = ChildProcess(command, controller_environ(nomad_address, port, **dict(settings or {})))
+    environ = controller_environ(nomad_address, port, **dict(settings or {}))
+    child = (
+        ChildProcess(command, environ) if cwd is None else ChildProcess(command, environ, cwd=cwd)
+    )
     started.append(child)
     child.address = f"http://127.0.0.1:{port}"
 

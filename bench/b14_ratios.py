@@ -1,0 +1,710 @@
+"""14. The controller's cost as ratios to the bare Nomad work it asks for (issue 22).
+
+One simulator and one controller, each in a process of its own; the clients
+are threads of this process over keep-alive `http.client` connections (and
+WebSockets for executions). Every phase runs as a pair, one after the
+other: once through the controller, once as the bare Nomad request the
+controller makes for it, sent by the same clients straight to the
+simulator (two pairs of each in a full run). Both therefore see the same
+machine, and the ratio of the two is what the controller adds.
+
+- Claims, open loop: 50 clients offering 100 claims/s, latency from each
+  request's due time. Bare: the same clients at the same rate send the write
+  a claim makes — a register with EnforceIndex (`PUT /v1/jobs`, the path the
+  controller's client uses) of a runner-layout job with the claim added to its
+  meta. Those jobs are named `bare-<uuid>`, which is not a runner id
+  (`controller.nomad.jobs.runner_env_id`), so the controller neither adopts
+  nor touches them. Their specs are read and encoded before each phase; each
+  write takes its JobModifyIndex from the previous write's answer.
+- Claims, closed loop: 50 clients, claims/s against bare writes/s.
+- Executions (`echo hi`, POST + WebSocket until the exit frame and the close)
+  at 10/s open loop on 10 claimed runners, against a bare Nomad exec of
+  `sh -c 'echo hi'` (tty false, until the exit frame) in the same
+  allocations, on each allocation's node agent as the controller does. Then
+  one client back to back (serial).
+- stdout throughput: one execution writing 50 MB, against a bare exec of the
+  same command, without a TTY and (a second ratio) with one, as the
+  controller's own exec of the command has.
+- Processes started per execution: the machine's fork count (`processes` in
+  /proc/stat) around each of N serial executions, the median of them; the
+  same for N bare execs. The counter is machine-wide: the median keeps
+  whatever else runs on the machine out as long as it forks during only a
+  few of the N.
+- Controller CPU per claim and per execution over the open-loop phases, the
+  simulator's next to it.
+
+Before each claim phase, bare ones included, the controller's pool is full
+and quiet again. `--controller-tree PATH` (`python -m bench ratios`) runs the
+controller from another checkout (its own `bench/ctlproc.py`); the
+simulator, the bare requests and the clients stay this tree's. Nothing here
+reads the controller's `/_bench/probe`, so older trees work as well.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from websockets.sync.client import connect
+
+from bench.common import (
+    Http,
+    Result,
+    idle_runners,
+    percentile,
+    start_ctlproc,
+    start_sim,
+    summary_ms,
+    wait_for,
+)
+from controller.model import Claim, Environment
+from controller.nomad import jobs
+from tests.support.processes import ChildProcess, child_processes
+
+ENV_ID = 1
+BARE_PREFIX = "bare-"
+NAMESPACE = "default"
+CLIENTS = 50
+CLAIM_RATE = 100.0
+EXEC_RUNNERS = 10
+EXEC_RATE = 10.0
+ECHO = "echo hi"
+CLAIM = {"executionEnvironmentId": ENV_ID, "inactivityTimeout": 0}
+# Stand-ins in a bare write's encoded body, replaced per write.
+_CLAIMED_AT = 1111111111111111111
+_INDEX = 2222222222222222222
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How much of each phase a run does (FULL, or QUICK for a smoke run)."""
+
+    rounds: int  # controller/bare pairs of each phase
+    pool: int
+    bare_jobs: int
+    open_s: float
+    closed_s: float
+    exec_open_s: float
+    serial: int
+    stdout_bytes: int
+    throughput_rounds: int
+    forks: int
+
+
+FULL = Scale(2, 1500, 500, 10.0, 5.0, 10.0, 50, 50_000_000, 5, 50)
+QUICK = Scale(1, 400, 100, 3.0, 2.0, 3.0, 10, 10_000_000, 1, 10)
+
+
+# -- load: open and closed loops over any request ------------------------------------
+
+
+@dataclass
+class Load:
+    """What one phase measured: latencies of the requests that succeeded."""
+
+    latencies: list[float] = field(default_factory=list)
+    failures: int = 0
+    seconds: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, seconds: float, ok: bool) -> None:
+        with self.lock:
+            if ok:
+                self.latencies.append(seconds)
+            else:
+                self.failures += 1
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            "ok": len(self.latencies),
+            "failures": self.failures,
+            "seconds": self.seconds,
+            "per_s": len(self.latencies) / self.seconds if self.seconds else None,
+            "latency": summary_ms(self.latencies),
+        }
+
+
+# One request of client `k` (its `i`th): True when it succeeded.
+Action = Callable[[int, int], bool]
+
+
+def attempt(action: Action, k: int, i: int) -> bool:
+    """`action`, a request that raised counted as a failed one."""
+    try:
+        return action(k, i)
+    except Exception:  # a broken connection or WebSocket: the phase goes on
+        return False
+
+
+def open_loop(
+    clients: int,
+    rate: float,
+    seconds: float,
+    action: Action,
+    http: Http | None = None,
+) -> Load:
+    """`clients` clients together offering `rate` requests/s for `seconds`,
+    each on a fixed schedule; latency from each request's due time. Each
+    client connects to `http` before the clock starts (and closes after)."""
+    load = Load()
+    period = clients / rate
+    per_client = max(1, int(seconds / period))
+    barrier = threading.Barrier(clients + 1)
+    start_at = [0.0]
+
+    def client(k: int) -> None:
+        if http is not None:
+            http._conn()
+        barrier.wait()
+        first = start_at[0] + k * period / clients  # spread over one period
+        for i in range(per_client):
+            due = first + i * period
+            wait = due - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            ok = attempt(action, k, i)
+            load.record(time.perf_counter() - due, ok)
+        if http is not None:
+            http.close()
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    start_at[0] = time.perf_counter() + 0.05
+    barrier.wait()
+    for t in threads:
+        t.join()
+    load.seconds = time.perf_counter() - start_at[0]
+    return load
+
+
+def closed_loop(
+    clients: int,
+    seconds: float,
+    cap: int,
+    action: Action,
+    http: Http | None = None,
+) -> Load:
+    """`clients` clients each sending its next request when the last one
+    answered, for `seconds` or `cap` requests in all, whichever comes first
+    (connected to `http` as in `open_loop`)."""
+    load = Load()
+    left = [cap]
+    lock = threading.Lock()
+    barrier = threading.Barrier(clients + 1)
+    end_at = [0.0]
+
+    def client(k: int) -> None:
+        if http is not None:
+            http._conn()
+        barrier.wait()
+        i = 0
+        while time.perf_counter() < end_at[0]:
+            with lock:
+                if left[0] <= 0:
+                    break
+                left[0] -= 1
+            started = time.perf_counter()
+            ok = attempt(action, k, i)
+            load.record(time.perf_counter() - started, ok)
+            i += 1
+        if http is not None:
+            http.close()
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    started = time.perf_counter()
+    end_at[0] = started + seconds
+    barrier.wait()
+    for t in threads:
+        t.join()
+    load.seconds = time.perf_counter() - started
+    return load
+
+
+# -- bare claim writes ---------------------------------------------------------------
+
+
+def bare_environment() -> Environment:
+    """The environment whose layout the bare jobs take (never registered)."""
+    return Environment(
+        id=ENV_ID,
+        image="python:3.12-slim",
+        cpu_limit=100,
+        memory_limit=256,
+        network_access=False,
+        exposed_ports=(),
+        prewarming_pool_size=0,
+    )
+
+
+def write_body(spec: dict[str, Any], alloc_id: str) -> tuple[bytes, bytes, bytes]:
+    """The register a claim makes of `spec` (a job as Nomad answers it), encoded
+    once: the bytes before the claim time, between it and the JobModifyIndex,
+    and after it."""
+    claimed = jobs.with_claim(spec, Claim(timeout=0, alloc_id=alloc_id, claimed_at=_CLAIMED_AT))
+    body = {
+        "Job": {**claimed, "Namespace": NAMESPACE},
+        "EnforceIndex": True,
+        "JobModifyIndex": _INDEX,
+    }
+    head, rest = json.dumps(body).encode().split(str(_CLAIMED_AT).encode())
+    middle, tail = rest.split(str(_INDEX).encode())
+    return head, middle, tail
+
+
+def fill(parts: tuple[bytes, bytes, bytes], claimed_at: int, index: int) -> bytes:
+    head, middle, tail = parts
+    return b"".join((head, str(claimed_at).encode(), middle, str(index).encode(), tail))
+
+
+class BareJobs:
+    """Runner-layout jobs the controller ignores, split among the clients:
+    each client writes only its own, one after the other."""
+
+    def __init__(self, sim: Http, count: int) -> None:
+        self.sim = sim
+        env = bare_environment()
+        template = jobs.template_job(env)
+        self.ids = [f"{BARE_PREFIX}{uuid.uuid4()}" for _ in range(count)]
+        for job_id in self.ids:
+            sim.json("PUT", "/v1/jobs", {"Job": jobs.runner_job(template, env, job_id)})
+        self.parts: dict[str, tuple[bytes, bytes, bytes]] = {}
+        self.index: dict[str, int] = {}
+        self.writes = 0
+
+    def prepare(self) -> None:
+        """Each job's spec and JobModifyIndex, read and encoded (untimed)."""
+        for job_id in self.ids:
+            spec = self.sim.json("GET", f"/v1/job/{job_id}")
+            self.parts[job_id] = write_body(spec, str(uuid.uuid4()))
+            self.index[job_id] = jobs.modify_index(spec)
+
+    def of(self, k: int, clients: int) -> list[str]:
+        return self.ids[k::clients]
+
+    def write(self, job_id: str) -> bool:
+        """One claim's write; True when Nomad took it."""
+        body = fill(self.parts[job_id], time.time_ns(), self.index[job_id])
+        status, answer = self.sim.request("PUT", "/v1/jobs", data=body)
+        if status != 200:
+            return False
+        self.index[job_id] = int(json.loads(answer)["JobModifyIndex"])
+        return True
+
+
+# -- executions ----------------------------------------------------------------------
+
+
+def execute(api: Http, runner: str, command: str) -> tuple[float, int | None, int]:
+    """One execution through the controller: (seconds from the POST to the
+    close, exit code or None, stdout bytes)."""
+    started = time.perf_counter()
+    answer = api.json("POST", f"/api/v1/runners/{runner}/execute", {"command": command})
+    code: int | None = None
+    size = 0
+    with connect(str(answer["websocketUrl"]), max_size=None, compression=None) as ws:
+        for raw in ws:
+            frame = json.loads(raw)
+            if frame["type"] == "stdout":
+                size += len(frame["data"].encode())
+            elif frame["type"] == "exit":
+                code = int(frame["data"])
+    return time.perf_counter() - started, code, size
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Where a claimed runner runs: its allocation and its node's agent."""
+
+    runner: str
+    alloc_id: str
+    agent: str  # ws://host:port
+
+
+def allocation_of(sim: Http, runner: str) -> Allocation:
+    stubs = sim.json("GET", f"/v1/job/{runner}/allocations")
+    running = [a for a in stubs if a["ClientStatus"] == "running"]
+    alloc = running[-1]
+    node = sim.json("GET", f"/v1/node/{alloc['NodeID']}")
+    address = str(node.get("HTTPAddr") or "")
+    agent = f"ws://{address}" if address else "ws://" + urlsplit(sim.address).netloc
+    return Allocation(runner, str(alloc["ID"]), agent)
+
+
+def bare_exec(
+    alloc: Allocation, argv: Sequence[str], tty: bool = False
+) -> tuple[float, int | None, int]:
+    """One bare Nomad exec: (seconds from the connect to the exit frame, exit
+    code or None, stdout bytes)."""
+    command = json.dumps(list(argv))
+    query = urlencode({"task": jobs.RUNNER_TASK, "command": command, "tty": str(tty).lower()})
+    url = f"{alloc.agent}/v1/client/allocation/{alloc.alloc_id}/exec?{query}"
+    started = time.perf_counter()
+    code: int | None = None
+    size = 0
+    seconds = 0.0
+    with connect(url, max_size=None, compression=None) as ws:
+        for raw in ws:
+            frame = json.loads(raw)
+            out = frame.get("stdout") or {}
+            if "data" in out:
+                size += len(base64.b64decode(out["data"]))
+            if frame.get("exited"):
+                seconds = time.perf_counter() - started
+                code = int((frame.get("result") or {}).get("exit_code") or 0)
+                break
+    return seconds, code, size
+
+
+def forks() -> int:
+    """Processes the machine has started since boot."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("processes "):
+                return int(line.split()[1])
+    raise RuntimeError("no processes line in /proc/stat")
+
+
+def forks_per_run(run_once: Callable[[], object], n: int) -> dict[str, Any]:
+    """The machine's forks around each of `n` serial calls of `run_once`. The
+    median is the figure: a call during which something else on the machine
+    started processes counts more, but only a few calls in `n` are hit."""
+    counted = []
+    for _ in range(n):
+        before = forks()
+        run_once()
+        counted.append(forks() - before)
+    return {
+        "runs": n,
+        "per_run": percentile(counted, 50),
+        "min": min(counted),
+        "max": max(counted),
+        "mean": sum(counted) / n,
+        "each": counted,
+    }
+
+
+# -- the run ---------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(
+        self, scale: Scale, sim_proc: ChildProcess, sim: Http, ctl: ChildProcess, api: Http
+    ) -> None:
+        self.scale = scale
+        self.sim_proc, self.sim, self.ctl, self.api = sim_proc, sim, ctl, api
+        self.cpu: dict[str, dict[str, float]] = {}
+
+    def quiet(self) -> None:
+        """The controller's pool full and nothing left to create."""
+        wait_for(
+            lambda: idle_runners(self.api, ENV_ID) >= self.scale.pool,
+            timeout=300,
+            what="pool refilled",
+        )
+        time.sleep(1.0)
+
+    def metered(self, what: str, run: Callable[[], Load]) -> Load:
+        """`run`, with the controller's and the simulator's CPU over it and
+        the requests that succeeded added to `what`."""
+        ctl, sim = self.ctl.cpu_s(), self.sim_proc.cpu_s()
+        load = run()
+        tally = self.cpu.setdefault(what, {"controller_s": 0.0, "simulator_s": 0.0, "units": 0})
+        tally["controller_s"] += self.ctl.cpu_s() - ctl
+        tally["simulator_s"] += self.sim_proc.cpu_s() - sim
+        tally["units"] += len(load.latencies)
+        return load
+
+    def cpu_ms(self, what: str) -> dict[str, float | None]:
+        tally = self.cpu.get(what) or {}
+        units = tally.get("units") or 0
+        return {
+            "controller": tally["controller_s"] * 1000 / units if units else None,
+            "simulator": tally["simulator_s"] * 1000 / units if units else None,
+        }
+
+    # claims
+
+    def claim(self, k: int, i: int) -> bool:
+        return self.api.request("POST", "/api/v1/runners", CLAIM)[0] == 200
+
+    def claim_phases(self, bare: BareJobs) -> dict[str, list[Load]]:
+        s = self.scale
+        out: dict[str, list[Load]] = {"open": [], "open_bare": [], "closed": [], "closed_bare": []}
+
+        def write(k: int, i: int) -> bool:
+            mine = bare.of(k, CLIENTS)
+            return bare.write(mine[i % len(mine)])
+
+        def claims_open() -> Load:
+            return open_loop(CLIENTS, CLAIM_RATE, s.open_s, self.claim, self.api)
+
+        def writes_open() -> Load:
+            return open_loop(CLIENTS, CLAIM_RATE, s.open_s, write, self.sim)
+
+        for _ in range(s.rounds):
+            self.quiet()
+            out["open"].append(self.metered("claims", claims_open))
+            self.quiet()
+            bare.prepare()
+            out["open_bare"].append(self.metered("bare writes", writes_open))
+        for _ in range(s.rounds):
+            self.quiet()
+            # Never more claims than the pool holds (an empty pool answers at once).
+            cap = s.pool - 50
+            out["closed"].append(closed_loop(CLIENTS, s.closed_s, cap, self.claim, self.api))
+            self.quiet()
+            bare.prepare()
+            out["closed_bare"].append(closed_loop(CLIENTS, s.closed_s, 10**9, write, self.sim))
+        return out
+
+    # executions
+
+    def exec_phases(self, allocs: list[Allocation]) -> dict[str, Any]:
+        s = self.scale
+        n = len(allocs)
+        out: dict[str, Any] = {"open": [], "open_bare": [], "serial": [], "serial_bare": []}
+
+        def through(k: int, i: int) -> bool:
+            return execute(self.api, allocs[k].runner, ECHO)[1] == 0
+
+        def bare(k: int, i: int) -> bool:
+            return bare_exec(allocs[k], ["sh", "-c", ECHO])[1] == 0
+
+        def through_open() -> Load:
+            return open_loop(n, EXEC_RATE, s.exec_open_s, through, self.api)
+
+        def bare_open() -> Load:
+            return open_loop(n, EXEC_RATE, s.exec_open_s, bare)
+
+        # Warm-up, not recorded: the first exec in an allocation sets it up.
+        open_loop(n, float(n), 1.0, through, self.api)
+        open_loop(n, float(n), 1.0, bare)
+        for _ in range(s.rounds):
+            out["open"].append(self.metered("executions", through_open))
+            out["open_bare"].append(self.metered("bare execs", bare_open))
+        for _ in range(s.rounds):
+            out["serial"].append(closed_loop(1, 3600.0, s.serial, through, self.api))
+            out["serial_bare"].append(closed_loop(1, 3600.0, s.serial, bare))
+        command = f"head -c {s.stdout_bytes} /dev/zero | tr '\\0' c"
+        rates: dict[str, list[float]] = {"controller": [], "bare": [], "bare_tty": []}
+        for _ in range(s.throughput_rounds):
+            seconds, code, size = execute(self.api, allocs[0].runner, command)
+            if code == 0 and size == s.stdout_bytes:
+                rates["controller"].append(size / seconds / 1e6)
+            for tty, key in ((False, "bare"), (True, "bare_tty")):
+                seconds, code, size = bare_exec(allocs[0], ["sh", "-c", command], tty)
+                if code == 0 and size == s.stdout_bytes:
+                    rates[key].append(size / seconds / 1e6)
+        out["stdout_mb_per_s"] = rates
+        out["forks"] = forks_per_run(lambda: execute(self.api, allocs[0].runner, ECHO), s.forks)
+        out["forks_bare"] = forks_per_run(lambda: bare_exec(allocs[0], ["sh", "-c", ECHO]), s.forks)
+        return out
+
+
+def _commit(tree: Path) -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=tree,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def run(quick: bool = False, tree: Path | None = None, label: str = "") -> Result:
+    name = f"ratios_{label}" if label else "ratios"
+    commit = _commit(tree) if tree is not None else ""
+    title = "The controller's cost as ratios to the bare Nomad work it asks for"
+    if tree is not None:
+        title += f" (controller from {tree}, {commit or 'unknown commit'})"
+    result = Result(name, title)
+    s = QUICK if quick else FULL
+    details: dict[str, Any] = {"controller_tree": str(tree or ""), "controller_commit": commit}
+    with child_processes() as procs:
+        sim_proc, sim = start_sim(procs, startup_delay_s=0.05, stop_delay_s=0.05)
+        sim.json("POST", "/_bench/seed", {"env_id": ENV_ID, "runners": s.pool, "pool": s.pool})
+        bare = BareJobs(sim, s.bare_jobs)
+        wait_for(
+            lambda: sim.json("GET", "/_bench/status")["running"] >= s.pool + s.bare_jobs,
+            timeout=300,
+            what="seeded runners running",
+        )
+        setuser = sim.json("GET", "/_bench/status")["setuser"]
+        ctl_proc, api = start_ctlproc(
+            procs,
+            sim.address,
+            {"NRC_EXEC_UNPRIVILEGED_WRAPPER": f"{setuser} user"},
+            tree=tree,
+        )
+        bench = Bench(s, sim_proc, sim, ctl_proc, api)
+        bench.quiet()
+        closed_loop(1, 60.0, 20, bench.claim)  # warm-up, not recorded
+        claims = bench.claim_phases(bare)
+        bench.quiet()
+        runners = [
+            str(api.json("POST", "/api/v1/runners", CLAIM)["runnerId"]) for _ in range(EXEC_RUNNERS)
+        ]
+        allocs = [allocation_of(sim, r) for r in runners]
+        execs = bench.exec_phases(allocs)
+        details["bare_jobs_untouched"] = untouched_by_controller(sim, bare)
+        cpu = {what: bench.cpu_ms(what) for what in bench.cpu}
+    details["claims"] = {k: [load.facts() for load in v] for k, v in claims.items()}
+    details["executions"] = {
+        k: [load.facts() for load in v] if isinstance(v, list) else v
+        for k, v in execs.items()
+        if k not in ("stdout_mb_per_s",)
+    }
+    details["stdout_mb_per_s"] = execs["stdout_mb_per_s"]
+    details["cpu_ms"] = cpu
+    details["scale"] = s.__dict__
+    result.details = details
+    figures(result, claims, execs, cpu)
+    if quick:
+        # A smoke run's p99 is its third-worst request: one pause of the
+        # simulator decides it, so the goals are not judged on it.
+        for figure in result.figures:
+            figure.target = ""
+        result.title += " (quick: goals not judged)"
+    return result
+
+
+def untouched_by_controller(sim: Http, bare: BareJobs) -> bool:
+    """True when every bare job is still registered and not stopped (the
+    controller left them alone)."""
+    for job_id in bare.ids:
+        status, body = sim.request("GET", f"/v1/job/{job_id}")
+        if status != 200 or json.loads(body).get("Stop"):
+            return False
+    return True
+
+
+def ms(values: Sequence[float], p: float) -> float | None:
+    """The `p`th percentile of `values` (seconds) in ms."""
+    value = percentile(values, p)
+    return None if value is None else value * 1000
+
+
+def pooled(loads: Sequence[Load]) -> list[float]:
+    return [s for load in loads for s in load.latencies]
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def median(values: Sequence[float]) -> float | None:
+    return percentile(values, 50)
+
+
+def figures(
+    result: Result,
+    claims: dict[str, list[Load]],
+    execs: dict[str, Any],
+    cpu: dict[str, dict[str, float | None]],
+) -> None:
+    at = f"{CLIENTS} clients offering {CLAIM_RATE:.0f}/s"
+    ctl, bare = pooled(claims["open"]), pooled(claims["open_bare"])
+    failures = sum(x.failures for x in claims["open"])
+    bare_failures = sum(x.failures for x in claims["open_bare"])
+    for p, target in ((50, ""), (99, "<= 2")):
+        result.add(
+            f"claim p{p} ÷ bare write p{p}, {at}",
+            ratio(ms(ctl, p), ms(bare, p)),
+            "×",
+            target,
+            note=f"{_ms(ms(ctl, p))} vs {_ms(ms(bare, p))} ms",
+        )
+    result.add(f"claim p50, {at}", ms(ctl, 50), "ms", note=f"{failures} failed")
+    result.add(f"claim p99, {at}", ms(ctl, 99), "ms", note=f"max {_ms(ms(ctl, 100))} ms")
+    result.add(f"bare claim write p50, {at}", ms(bare, 50), "ms", note=f"{bare_failures} failed")
+    result.add(f"bare claim write p99, {at}", ms(bare, 99), "ms", note=f"max {_ms(ms(bare, 100))}")
+    rate = median([x.facts()["per_s"] or 0.0 for x in claims["closed"]])
+    bare_rate = median([x.facts()["per_s"] or 0.0 for x in claims["closed_bare"]])
+    result.add(
+        f"claims/s ÷ bare writes/s, {CLIENTS} clients (closed loop)",
+        ratio(rate, bare_rate),
+        "×",
+        ">= 0.5",
+        note=f"{_n(rate)} vs {_n(bare_rate)} /s",
+    )
+    ctl, bare = pooled(execs["open"]), pooled(execs["open_bare"])
+    at = f"{EXEC_RATE:.0f}/s on {EXEC_RUNNERS} runners"
+    for p in (50, 99):
+        result.add(
+            f"execution p{p} ÷ bare exec p{p}, {at}",
+            ratio(ms(ctl, p), ms(bare, p)),
+            "×",
+            "<= 1.5",
+            note=f"{_ms(ms(ctl, p))} vs {_ms(ms(bare, p))} ms",
+        )
+    ctl, bare = pooled(execs["serial"]), pooled(execs["serial_bare"])
+    result.add(
+        "execution p50 ÷ bare exec p50, serial (1 client)",
+        ratio(ms(ctl, 50), ms(bare, 50)),
+        "×",
+        note=f"{_ms(ms(ctl, 50))} vs {_ms(ms(bare, 50))} ms",
+    )
+    rates = execs["stdout_mb_per_s"]
+    mbs, bare_mbs = median(rates["controller"]), median(rates["bare"])
+    tty_mbs = median(rates["bare_tty"])
+    result.add(
+        "stdout MB/s of one execution ÷ a bare exec",
+        ratio(mbs, bare_mbs),
+        "×",
+        ">= 0.95",
+        note=f"{_n(mbs)} vs {_n(bare_mbs)} MB/s",
+    )
+    result.add(
+        "stdout MB/s of one execution ÷ a bare exec with a TTY (as the controller asks)",
+        ratio(mbs, tty_mbs),
+        "×",
+        note=f"{_n(mbs)} vs {_n(tty_mbs)} MB/s",
+    )
+    through, direct = execs["forks"], execs["forks_bare"]
+    result.add(
+        "processes started per execution",
+        through["per_run"],
+        "",
+        note=f"bare exec {direct['per_run']:.1f}; the median of the machine's forks around "
+        f"each (least {through['min']} and {direct['min']})",
+    )
+    result.add(
+        "processes per execution − per bare exec", through["per_run"] - direct["per_run"], ""
+    )
+    for what, unit, bare_what, bare_unit in (
+        ("claims", "claim", "bare writes", "bare write"),
+        ("executions", "execution", "bare execs", "bare exec"),
+    ):
+        mine, theirs = cpu.get(what) or {}, cpu.get(bare_what) or {}
+        result.add(
+            f"controller CPU per {unit}",
+            mine.get("controller"),
+            "ms",
+            note=f"simulator {_ms(mine.get('simulator'))} ms; per {bare_unit}: "
+            f"simulator {_ms(theirs.get('simulator'))} ms, "
+            f"controller {_ms(theirs.get('controller'))} ms",
+        )
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+def _n(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f}"
