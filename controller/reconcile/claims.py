@@ -33,12 +33,13 @@ that migrates the allocation): the first write wins and is never rewritten.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
+
+import anyio
 
 from controller.clock import Clock
 from controller.metrics import Metrics
@@ -199,7 +200,10 @@ class Claims:
             if view is not None:
                 break
         if view is None:
-            view = await asyncio.to_thread(self._after_miss, env_id, template, timeout_s)
+            # On the API's worker threads (anyio's, as a synchronous route runs):
+            # NRC_CLAIM_MAX_WAITING of them may wait at once, not the default
+            # executor's few, which the data plane's reads share.
+            view = await anyio.to_thread.run_sync(self._after_miss, env_id, template, timeout_s)
         return self._claimed(env_id, view, started)
 
     def _claim_begins(self, env_id: int) -> tuple[Template, float]:
