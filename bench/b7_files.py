@@ -379,7 +379,9 @@ def large_upload(
 def run(quick: bool = False) -> Result:
     result = Result("files", "Files: upload, listing, download and memory from a client")
     scale = 0.1 if quick else 1.0
-    env = {"NRC_FILES_MAX_UPLOAD": str(MAX_UPLOAD)}
+    # The listing's PATCH copies 10,000 files in 100 directories: more items
+    # than NRC_FILES_MAX_ITEMS allows by default (10,000).
+    env = {"NRC_FILES_MAX_UPLOAD": str(MAX_UPLOAD), "NRC_FILES_MAX_ITEMS": "20000"}
     details: dict[str, Any] = {"quick": quick, "controller_env": env}
     with child_processes() as procs:
         sim_proc, sim = start_sim(procs, nodes=5, startup_delay_s=0.05, stop_delay_s=0.05)

@@ -20,16 +20,18 @@ is written to Nomad per execution.
   drain lets it through, so ids a replica issued just before SIGTERM are
   still taken from it.
 
-httpx (async) is the HTTP client here and nowhere else in the controller.
+aiohttp is the HTTP client here, as for a claim's write to Nomad
+(`controller.nomad.aclient`), and nowhere else in the controller.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import ssl
 from typing import Annotated, Any
 
-import httpx
+import aiohttp
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 
@@ -99,12 +101,10 @@ class IssuerClient:
         signer: Signer,
         clock: Clock,
         timeout_s: float = TAKE_TIMEOUT_S,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.signer = signer
         self._clock = clock
-        self._timeout_s = timeout_s
-        self._transport = transport
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         # Built once: a TLS context per take would cost more than the take.
         self._tls = ssl.create_default_context()
 
@@ -122,20 +122,24 @@ class IssuerClient:
         }
         url = f"{issuer.rstrip('/')}{INTERNAL_PREFIX}/executions/{execution_id}"
         try:
-            async with httpx.AsyncClient(
-                timeout=self._timeout_s, verify=self._tls, transport=self._transport
-            ) as client:
-                response = await client.post(url, params={"runnerId": runner_id}, headers=headers)
-        except httpx.HTTPError as exc:
+            async with (
+                aiohttp.ClientSession(timeout=self._timeout, trust_env=False) as session,
+                session.post(
+                    url, params={"runnerId": runner_id}, headers=headers, ssl=self._tls
+                ) as response,
+            ):
+                status = response.status
+                text = await response.text()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             log.warning("could not take execution from %s: %s", issuer, type(exc).__name__)
             raise IssuerUnreachable(issuer) from None
-        if response.status_code == 404:
+        if status == 404:
             return None
-        if response.status_code != 200:
-            log.warning("%s answered %d to a take", issuer, response.status_code)
+        if status != 200:
+            log.warning("%s answered %d to a take", issuer, status)
             raise IssuerUnreachable(issuer)
         try:
-            body = response.json()
+            body = json.loads(text)
         except ValueError:
             body = None
         execution = execution_from_json(body, execution_id, runner_id, self._clock)
