@@ -9,8 +9,8 @@ connections (the claims' share of the connection budget), the same URL,
 token, namespace, region and TLS (`NomadConnection`), the same errors
 (`errors.classify`), retries (`errors.retry_kwargs`) and request metrics as
 `NomadClient.register_job`. Measured (`python -m bench clients`), a register
-costs the controller a quarter of the CPU it costs through requests on a
-thread, and an eighth of what httpx's asynchronous client costs.
+costs the controller about a third of the CPU it costs through requests on
+a thread, and a seventh of what httpx's asynchronous client costs.
 
 The session belongs to the event loop it was made on: `aclose` it on that
 loop when done (the service does at shutdown).
