@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
 import threading
 import time
 import uuid
@@ -56,9 +55,11 @@ from urllib.parse import urlencode, urlsplit
 
 from websockets.sync.client import connect
 
+from bench import simproc
 from bench.common import (
     Http,
     Result,
+    git_commit,
     idle_runners,
     percentile,
     start_ctlproc,
@@ -237,15 +238,7 @@ def closed_loop(
 
 def bare_environment() -> Environment:
     """The environment whose layout the bare jobs take (never registered)."""
-    return Environment(
-        id=ENV_ID,
-        image="python:3.12-slim",
-        cpu_limit=100,
-        memory_limit=256,
-        network_access=False,
-        exposed_ports=(),
-        prewarming_pool_size=0,
-    )
+    return simproc.environment(ENV_ID, 0)
 
 
 def write_body(spec: dict[str, Any], alloc_id: str) -> tuple[bytes, bytes, bytes]:
@@ -513,23 +506,9 @@ class Bench:
         return out
 
 
-def _commit(tree: Path) -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=tree,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
 def run(quick: bool = False, tree: Path | None = None, label: str = "") -> Result:
     name = f"ratios_{label}" if label else "ratios"
-    commit = _commit(tree) if tree is not None else ""
+    commit = git_commit(tree) if tree is not None else ""
     title = "The controller's cost as ratios to the bare Nomad work it asks for"
     if tree is not None:
         title += f" (controller from {tree}, {commit or 'unknown commit'})"

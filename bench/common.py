@@ -77,6 +77,20 @@ class Result:
         return figure
 
 
+def git_commit(tree: Path) -> str:
+    """The short commit checked out at `tree` ("" when git cannot say)."""
+    with suppress(OSError, subprocess.SubprocessError):
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=tree,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        ).stdout.strip()
+    return ""
+
+
 def machine() -> dict[str, Any]:
     """The facts a reader needs to compare figures across machines."""
     model = ""
@@ -87,16 +101,7 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    commit = ""
-    with suppress(OSError, subprocess.SubprocessError):
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        ).stdout.strip()
+    commit = git_commit(ROOT)
     return {
         "cpu_count": os.cpu_count(),
         "cpu_count_physical": psutil.cpu_count(logical=False),

@@ -61,7 +61,8 @@ def live_processes_of(uid: int) -> list[int]:
     return pids
 
 
-def _environment(env_id: int, pool: int) -> Environment:
+def environment(env_id: int, pool: int) -> Environment:
+    """The environment the benchmarks' runner jobs are built for."""
     return Environment(
         id=env_id,
         image="python:3.12-slim",
@@ -78,7 +79,7 @@ def bench_routes(sim: Simulator) -> list[Route]:
 
     async def seed(request: Request) -> Response:
         body: dict[str, Any] = await request.json()
-        env = _environment(int(body["env_id"]), int(body.get("pool", body["runners"])))
+        env = environment(int(body["env_id"]), int(body.get("pool", body["runners"])))
         sim.register_job(jobs.template_job(env), NAMESPACE, False, 0)
         template = sim.store.job(NAMESPACE, jobs.template_job_id(env.id))
         assert template is not None
