@@ -310,12 +310,18 @@ def test_nothing_in_flight_is_the_claims_allocation_as_it_was_claimed(
     assert nothing_in_flight(alloc, claim) is quiet
 
 
-async def test_a_missing_path_is_believed_after_one_read_once_the_client_reported(
-    one: OneRunner,
-) -> None:
+def claimed(one: OneRunner) -> tuple[str, Claim]:
+    """A runner claimed, and its claim as the controller sees it."""
     runner_id = one.claim()
     view = one.controller.pools.lookup(runner_id)
     assert view is not None and view.job.claim is not None
+    return runner_id, view.job.claim
+
+
+async def test_a_missing_path_is_believed_after_one_read_once_the_client_reported(
+    one: OneRunner,
+) -> None:
+    runner_id, claim = claimed(one)
     pools = Rereads(one.controller.pools)
     runners = ClaimedRunners(cast(Pools, pools), settle_s=0.85, client_sync_s=0.05)
     loop = asyncio.get_running_loop()
@@ -324,16 +330,14 @@ async def test_a_missing_path_is_believed_after_one_read_once_the_client_reporte
     # Not before the client could have reported what happened before the exec.
     assert loop.time() - since >= 0.05
     assert pools.rereads == 0, "no settle"
-    assert one.nomad.reads.count(f"get_allocation {view.job.claim.alloc_id}") == 1
+    assert one.nomad.reads.count(f"get_allocation {claim.alloc_id}") == 1
 
 
 async def test_a_missing_path_after_a_restart_nomad_shows_is_the_runners_loss(
     one: OneRunner,
 ) -> None:
-    runner_id = one.claim()
-    view = one.controller.pools.lookup(runner_id)
-    assert view is not None and view.job.claim is not None
-    alloc = one.nomad.allocs[view.job.claim.alloc_id]
+    runner_id, claim = claimed(one)
+    alloc = one.nomad.allocs[claim.alloc_id]
     one.nomad.put_alloc(replace(alloc, restarts=alloc.restarts + 1))  # the snapshot lags
     pools = Rereads(one.controller.pools)
     runners = ClaimedRunners(cast(Pools, pools), settle_s=0.1, client_sync_s=0.0)
