@@ -609,6 +609,27 @@ class Settings(BaseSettings):
         ),
         json_schema_extra=_allowed(f"a duration above 0, {_DURATION_FORMS}", duration=True),
     )
+    gc_freeze_interval_s: Duration = Field(
+        default=30.0,
+        alias="NRC_GC_FREEZE_INTERVAL",
+        ge=0,
+        le=3600,
+        description="How often Python's garbage collector collects what is new and freezes the "
+        "rest, so that its own collections no longer walk the whole heap (a 78 ms pause for "
+        "every claim in flight with 1,500 runners; about 4 ms frozen). 0: Python's collector as "
+        "is.",
+        json_schema_extra=_allowed(f"a duration from 0 to 1h, {_DURATION_FORMS}", duration=True),
+    )
+    gc_full_interval_s: Duration = Field(
+        default=600.0,
+        alias="NRC_GC_FULL_INTERVAL",
+        ge=1,
+        le=86400,
+        description="How often the whole heap is collected once (unfrozen, collected, frozen "
+        "again) while NRC_GC_FREEZE_INTERVAL is on: garbage cycles among frozen objects wait "
+        "this long at most.",
+        json_schema_extra=_allowed(f"a duration from 1s to 24h, {_DURATION_FORMS}", duration=True),
+    )
     orphan_grace_s: Duration = Field(
         default=60.0,
         alias="NRC_ORPHAN_GRACE",

@@ -224,6 +224,13 @@ class Metrics:
             ["action", "outcome"],
             registry=r,
         )
+        self.gc_pause_seconds = Histogram(
+            "nrc_gc_pause_seconds",
+            "Duration of one full (generation 2) garbage collection of the controller process, "
+            "automatic or paced (NRC_GC_FREEZE_INTERVAL): every request in flight waits for it.",
+            buckets=_FAST,
+            registry=r,
+        )
         self.observe_seconds = Histogram(
             "nrc_observe_duration_seconds",
             "Duration of one observation of Nomad (lists plus changed job specs).",

@@ -34,6 +34,7 @@ from controller.config import Settings
 from controller.execution.relay import Relay
 from controller.execution.service import executions
 from controller.files.service import Files
+from controller.gcpacing import CollectorPacer, Pacing
 from controller.logs import configure_logging
 from controller.metrics import Metrics
 from controller.model import Environment
@@ -291,14 +292,20 @@ def serve(service: Service, on_started: Callable[[str], None] | None = None) -> 
         http=head_deadline.protocol(s.api_request_head_timeout_s),
     )
     server = _Server(config, on_started, service)
+    pacer = CollectorPacer(
+        Pacing(s.gc_freeze_interval_s, s.gc_full_interval_s),
+        on_pause=service.controller.metrics.gc_pause_seconds.observe,
+    )
     try:
         with _stoppable_start():
             service.controller.start()
+        pacer.start()
         server.run()
     except _StopBeforeServing:
         log.info("stopped before serving")
         return 0
     finally:
+        pacer.stop()
         service.controller.stop()
     if not server.started:
         log.error("the API could not listen on %s:%d", s.api_host, s.api_port)
