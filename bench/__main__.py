@@ -88,20 +88,31 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="ratios: write bench/results/ratios_<label>.json instead of ratios.json",
     )
+    parser.add_argument(
+        "--no-refill",
+        action="store_true",
+        help="ratios: the pool's creations off during the controller's claim phases "
+        "(a diagnostic: what a claim costs without the refill it causes)",
+    )
     args = parser.parse_args(argv)
     names = args.names or list(BENCHMARKS)
     benchmarks = dict(BENCHMARKS)
     if args.profile:
         benchmarks["claims"] = lambda quick: [b1_claims.run(quick, profile=True)]
         benchmarks["executions"] = lambda quick: [b6_executions.run(quick, profile=True)]
-    if args.controller_tree is not None or args.label:
+    if args.controller_tree is not None or args.label or args.no_refill:
         if args.names and args.names != ["ratios"]:
-            parser.error("--controller-tree and --label are options of the ratios benchmark only")
+            parser.error(
+                "--controller-tree, --label and --no-refill are options of the ratios "
+                "benchmark only"
+            )
         names = ["ratios"]
         tree = args.controller_tree.resolve() if args.controller_tree is not None else None
         if tree is not None and not (tree / "bench" / "ctlproc.py").is_file():
             parser.error(f"--controller-tree: no bench/ctlproc.py under {tree}")
-        benchmarks["ratios"] = lambda quick: [b14_ratios.run(quick, tree=tree, label=args.label)]
+        benchmarks["ratios"] = lambda quick: [
+            b14_ratios.run(quick, tree=tree, label=args.label, no_refill=args.no_refill)
+        ]
     if args.trace:
         if args.names and args.names != ["prewarm"]:
             parser.error("--trace is an option of the prewarm benchmark only")

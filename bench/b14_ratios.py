@@ -398,6 +398,13 @@ class Bench:
         self.scale = scale
         self.sim_proc, self.sim, self.ctl, self.api = sim_proc, sim, ctl, api
         self.cpu: dict[str, dict[str, float]] = {}
+        self.no_refill = False
+
+    def refill(self, on: bool) -> None:
+        """`--no-refill`: the pool's creations off during the controller's
+        claim phases (see bench.ctlproc.RefillSwitch)."""
+        if self.no_refill:
+            self.api.json("GET", f"/_bench/refill?on={int(on)}&env_id={ENV_ID}")
 
     def quiet(self) -> None:
         """The controller's pool full and nothing left to create."""
@@ -441,7 +448,11 @@ class Bench:
             return bare.write(mine[i % len(mine)])
 
         def claims_open() -> Load:
-            return open_loop(CLIENTS, CLAIM_RATE, s.open_s, self.claim, self.api)
+            self.refill(False)
+            try:
+                return open_loop(CLIENTS, CLAIM_RATE, s.open_s, self.claim, self.api)
+            finally:
+                self.refill(True)
 
         def writes_open() -> Load:
             return open_loop(CLIENTS, CLAIM_RATE, s.open_s, write, self.sim)
@@ -456,7 +467,11 @@ class Bench:
             self.quiet()
             # Never more claims than the pool holds (an empty pool answers at once).
             cap = s.pool - 50
-            out["closed"].append(closed_loop(CLIENTS, s.closed_s, cap, self.claim, self.api))
+            self.refill(False)
+            try:
+                out["closed"].append(closed_loop(CLIENTS, s.closed_s, cap, self.claim, self.api))
+            finally:
+                self.refill(True)
             self.quiet()
             bare.prepare()
             out["closed_bare"].append(closed_loop(CLIENTS, s.closed_s, 10**9, write, self.sim))
@@ -506,7 +521,9 @@ class Bench:
         return out
 
 
-def run(quick: bool = False, tree: Path | None = None, label: str = "") -> Result:
+def run(
+    quick: bool = False, tree: Path | None = None, label: str = "", no_refill: bool = False
+) -> Result:
     name = f"ratios_{label}" if label else "ratios"
     commit = git_commit(tree) if tree is not None else ""
     title = "The controller's cost as ratios to the bare Nomad work it asks for"
@@ -528,10 +545,14 @@ def run(quick: bool = False, tree: Path | None = None, label: str = "") -> Resul
         ctl_proc, api = start_ctlproc(
             procs,
             sim.address,
-            {"NRC_EXEC_UNPRIVILEGED_WRAPPER": f"{setuser} user"},
+            {
+                "NRC_EXEC_UNPRIVILEGED_WRAPPER": f"{setuser} user",
+                **({"BENCH_NO_REFILL": "1"} if no_refill else {}),
+            },
             tree=tree,
         )
         bench = Bench(s, sim_proc, sim, ctl_proc, api)
+        bench.no_refill = no_refill
         bench.quiet()
         closed_loop(1, 60.0, 20, bench.claim)  # warm-up, not recorded
         claims = bench.claim_phases(bare)
@@ -553,7 +574,13 @@ def run(quick: bool = False, tree: Path | None = None, label: str = "") -> Resul
     details["cpu_ms"] = cpu
     details["scale"] = s.__dict__
     result.details = details
+    details["no_refill"] = no_refill
     figures(result, claims, execs, cpu)
+    if no_refill:
+        # A diagnostic: no pool is refilled, so no goal applies.
+        for figure in result.figures:
+            figure.target = ""
+        result.title += " (diagnostic: no refill during the controller's claim phases)"
     if quick:
         # A smoke run's p99 is its third-worst request: one pause of the
         # simulator decides it, so the goals are not judged on it.

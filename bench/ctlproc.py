@@ -22,6 +22,7 @@ import gc
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -135,6 +136,44 @@ class Probe:
                 self.bytes.clear()
                 self.ready.clear()
         return out
+
+
+class RefillSwitch:
+    """With `BENCH_NO_REFILL=1`: `GET /_bench/refill?on=0` turns the pool's
+    creations into no-ops (a diagnostic of `ratios --no-refill`: what a claim
+    costs when no refill follows it, the bound of any batching of refills).
+    Each creation skipped is still expected, so passes do not retry it;
+    `?on=1` drops those expectations and asks for a pass, which refills."""
+
+    def __init__(self, service: Service) -> None:
+        from controller.nomad import jobs
+
+        self._controller = service.controller
+        actor: Any = service.controller.actor
+        self._expectations = actor._expectations
+        self._skipped: list[str] = []
+        self._off = False
+        create: Callable[[int, Any], bool] = actor._create
+
+        def switched(env_id: int, template: Any) -> bool:
+            if not self._off:
+                return create(env_id, template)
+            job_id = jobs.runner_job_id(env_id, str(uuid.uuid4()))
+            self._skipped.append(job_id)
+            self._expectations.expect_create(env_id, job_id)
+            return True
+
+        actor._create = switched
+
+    def set(self, on: int, env_id: int = 1) -> dict[str, Any]:
+        self._off = not on
+        skipped = len(self._skipped)
+        if on:
+            for job_id in self._skipped:
+                self._expectations.create_failed(job_id)
+            self._skipped.clear()
+            self._controller.enqueue(env_id)
+        return {"refill": bool(on), "skipped": skipped}
 
 
 def _profile_threads(path: str) -> Callable[[], None]:
@@ -269,6 +308,9 @@ def main() -> int:
         return probe.report(bool(reset))
 
     service.app.add_api_route("/_bench/probe", bench_probe, methods=["GET"])
+    if os.environ.get("BENCH_NO_REFILL") == "1":
+        switch = RefillSwitch(service)
+        service.app.add_api_route("/_bench/refill", switch.set, methods=["GET"])
     tokens = os.environ.get("BENCH_API_THREADS")
     if tokens:
         import anyio.to_thread
