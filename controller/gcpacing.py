@@ -8,7 +8,8 @@ and under 100 claims/s it came every few seconds. Every claim and execution
 in flight waited for it, so those pauses were the claims' p99.
 
 `CollectorPacer` collects what is new and freezes the rest (`gc.freeze`), on
-a thread, every `freeze_interval_s`. The collector's own collections then walk
+a thread: once the first observation of Nomad has filled the snapshot, then
+every `freeze_interval_s`. The collector's own collections then walk
 only what was made since the last freeze (about 4 ms). Reference counting
 still frees frozen objects once nothing refers to them; only garbage cycles
 among frozen objects wait for the full collection (unfreeze, collect,
@@ -31,6 +32,8 @@ from enum import Enum
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
+
+READY_POLL_S = 0.5  # how often the first step looks whether the snapshot is filled
 
 
 class Collector(Protocol):
@@ -76,11 +79,13 @@ class CollectorPacer:
         monotonic: Callable[[], float] = time.monotonic,
         collector: Collector = gc,
         on_pause: Callable[[float], None] = lambda seconds: None,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self._pacing = pacing
         self._monotonic = monotonic
         self._collector = collector
         self._on_pause = on_pause
+        self._ready = ready
         self._last_full: float | None = None
         self._frozen = False
         self._stop = threading.Event()
@@ -101,8 +106,8 @@ class CollectorPacer:
 
     def start(self) -> None:
         """Time every generation-2 collection; pace them if enabled. The first
-        step comes one interval after the start, once the first observation
-        of Nomad has filled the snapshot."""
+        step comes once `ready` (the first observation of Nomad has filled the
+        snapshot), or one interval after the start at the latest."""
         gc.callbacks.append(self._timed)
         if not self._pacing.enabled:
             return
@@ -122,11 +127,17 @@ class CollectorPacer:
             self._frozen = False
 
     def _run(self) -> None:
-        while not self._stop.wait(self._pacing.freeze_interval_s):
+        first = self._monotonic() + self._pacing.freeze_interval_s
+        while not self._ready() and self._monotonic() < first:
+            if self._stop.wait(min(READY_POLL_S, self._pacing.freeze_interval_s)):
+                return
+        while not self._stop.is_set():
             try:
                 self.step()
             except Exception:  # never expected; the collector then runs as is
                 log.exception("pacing the garbage collector failed")
+            if self._stop.wait(self._pacing.freeze_interval_s):
+                return
 
     def _timed(self, phase: str, info: dict[str, Any]) -> None:
         if info.get("generation") != 2:

@@ -295,6 +295,7 @@ def serve(service: Service, on_started: Callable[[str], None] | None = None) -> 
     pacer = CollectorPacer(
         Pacing(s.gc_freeze_interval_s, s.gc_full_interval_s),
         on_pause=service.controller.metrics.gc_pause_seconds.observe,
+        ready=lambda: service.controller.observer.observed_once,
     )
     try:
         with _stoppable_start():

@@ -102,6 +102,30 @@ def test_the_pacer_steps_on_its_own_thread_until_stopped() -> None:
     assert collector.calls[3:5] == ["collect", "freeze"]
 
 
+def test_the_first_step_waits_until_the_snapshot_is_filled() -> None:
+    collector = FakeCollector()
+    filled = threading.Event()
+    pacer = CollectorPacer(Pacing(600.0, 3600.0), collector=collector, ready=filled.is_set)
+    pacer.start()
+    try:
+        assert collector.calls == []  # neither ready nor an interval passed
+        filled.set()
+        with collector.changed:
+            assert collector.changed.wait_for(lambda: "freeze" in collector.calls, timeout=10)
+        assert collector.calls == ["unfreeze", "collect", "freeze"]
+    finally:
+        pacer.stop()
+
+
+def test_a_pacer_stopped_before_the_snapshot_is_filled_never_steps() -> None:
+    collector = FakeCollector()
+    pacer = CollectorPacer(Pacing(600.0, 3600.0), collector=collector, ready=lambda: False)
+    pacer.start()
+    pacer.stop()
+    assert collector.calls == []
+    assert not [t for t in threading.enumerate() if t.name == "nrc-gc"]
+
+
 def test_off_never_freezes_but_still_times_full_collections(
     no_frozen_objects_left: None, no_automatic_collections: None
 ) -> None:
