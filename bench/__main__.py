@@ -94,24 +94,36 @@ def main(argv: list[str] | None = None) -> int:
         help="ratios: the pool's creations off during the controller's claim phases "
         "(a diagnostic: what a claim costs without the refill it causes)",
     )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NRC_NAME=VALUE",
+        help="ratios: run the controller with this setting (repeatable)",
+    )
     args = parser.parse_args(argv)
     names = args.names or list(BENCHMARKS)
     benchmarks = dict(BENCHMARKS)
     if args.profile:
         benchmarks["claims"] = lambda quick: [b1_claims.run(quick, profile=True)]
         benchmarks["executions"] = lambda quick: [b6_executions.run(quick, profile=True)]
-    if args.controller_tree is not None or args.label or args.no_refill:
+    settings = dict(s.split("=", 1) for s in args.setting if "=" in s)
+    if len(settings) != len(args.setting) or any(not name.startswith("NRC_") for name in settings):
+        parser.error("--setting takes NRC_NAME=VALUE")
+    if args.controller_tree is not None or args.label or args.no_refill or settings:
         if args.names and args.names != ["ratios"]:
             parser.error(
-                "--controller-tree, --label and --no-refill are options of the ratios "
-                "benchmark only"
+                "--controller-tree, --label, --no-refill and --setting are options of the "
+                "ratios benchmark only"
             )
         names = ["ratios"]
         tree = args.controller_tree.resolve() if args.controller_tree is not None else None
         if tree is not None and not (tree / "bench" / "ctlproc.py").is_file():
             parser.error(f"--controller-tree: no bench/ctlproc.py under {tree}")
         benchmarks["ratios"] = lambda quick: [
-            b14_ratios.run(quick, tree=tree, label=args.label, no_refill=args.no_refill)
+            b14_ratios.run(
+                quick, tree=tree, label=args.label, no_refill=args.no_refill, settings=settings
+            )
         ]
     if args.trace:
         if args.names and args.names != ["prewarm"]:

@@ -47,7 +47,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,8 @@ from bench import simproc
 from bench.common import (
     Http,
     Result,
+    gc_pauses,
+    gc_pauses_between,
     git_commit,
     idle_runners,
     percentile,
@@ -398,6 +400,8 @@ class Bench:
         self.scale = scale
         self.sim_proc, self.sim, self.ctl, self.api = sim_proc, sim, ctl, api
         self.cpu: dict[str, dict[str, float]] = {}
+        # The controller's full garbage collections during each metered phase.
+        self.gc: dict[str, list[dict[str, float | None]]] = {}
         self.no_refill = False
 
     def refill(self, on: bool) -> None:
@@ -419,11 +423,13 @@ class Bench:
         """`run`, with the controller's and the simulator's CPU over it and
         the requests that succeeded added to `what`."""
         ctl, sim = self.ctl.cpu_s(), self.sim_proc.cpu_s()
+        gc0 = gc_pauses(self.api)
         load = run()
         tally = self.cpu.setdefault(what, {"controller_s": 0.0, "simulator_s": 0.0, "units": 0})
         tally["controller_s"] += self.ctl.cpu_s() - ctl
         tally["simulator_s"] += self.sim_proc.cpu_s() - sim
         tally["units"] += len(load.latencies)
+        self.gc.setdefault(what, []).append(gc_pauses_between(gc0, gc_pauses(self.api)))
         return load
 
     def cpu_ms(self, what: str) -> dict[str, float | None]:
@@ -522,7 +528,11 @@ class Bench:
 
 
 def run(
-    quick: bool = False, tree: Path | None = None, label: str = "", no_refill: bool = False
+    quick: bool = False,
+    tree: Path | None = None,
+    label: str = "",
+    no_refill: bool = False,
+    settings: Mapping[str, str] | None = None,
 ) -> Result:
     name = f"ratios_{label}" if label else "ratios"
     commit = git_commit(tree) if tree is not None else ""
@@ -531,7 +541,11 @@ def run(
         title += f" (controller from {tree}, {commit or 'unknown commit'})"
     result = Result(name, title)
     s = QUICK if quick else FULL
-    details: dict[str, Any] = {"controller_tree": str(tree or ""), "controller_commit": commit}
+    details: dict[str, Any] = {
+        "controller_tree": str(tree or ""),
+        "controller_commit": commit,
+        "settings": dict(settings or {}),
+    }
     with child_processes() as procs:
         sim_proc, sim = start_sim(procs, startup_delay_s=0.05, stop_delay_s=0.05)
         sim.json("POST", "/_bench/seed", {"env_id": ENV_ID, "runners": s.pool, "pool": s.pool})
@@ -548,6 +562,7 @@ def run(
             {
                 "NRC_EXEC_UNPRIVILEGED_WRAPPER": f"{setuser} user",
                 **({"BENCH_NO_REFILL": "1"} if no_refill else {}),
+                **dict(settings or {}),
             },
             tree=tree,
         )
@@ -564,6 +579,7 @@ def run(
         execs = bench.exec_phases(allocs)
         details["bare_jobs_untouched"] = untouched_by_controller(sim, bare)
         cpu = {what: bench.cpu_ms(what) for what in bench.cpu}
+        details["gc_full_collections"] = bench_gc = bench.gc
     details["claims"] = {k: [load.facts() for load in v] for k, v in claims.items()}
     details["executions"] = {
         k: [load.facts() for load in v] if isinstance(v, list) else v
@@ -576,6 +592,16 @@ def run(
     result.details = details
     details["no_refill"] = no_refill
     figures(result, claims, execs, cpu)
+    collections = [c for c in bench_gc.get("claims", []) if c["count"] is not None]
+    if collections:
+        count = sum(int(c["count"] or 0) for c in collections)
+        total_ms = sum((c["mean_ms"] or 0.0) * (c["count"] or 0) for c in collections)
+        result.add(
+            "controller full garbage collections, mean pause, claim phases",
+            total_ms / count if count else None,
+            "ms",
+            note=f"{count} in {len(collections)} phases (nrc_gc_pause_seconds)",
+        )
     if no_refill:
         # A diagnostic: no pool is refilled, so no goal applies.
         for figure in result.figures:

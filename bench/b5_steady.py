@@ -22,6 +22,8 @@ from typing import Any
 from bench.common import (
     Result,
     RssSampler,
+    gc_pauses,
+    gc_pauses_between,
     idle_runners,
     start_ctlproc,
     start_sim,
@@ -55,9 +57,13 @@ def measure(n: int, window_s: float) -> dict[str, Any]:
         time.sleep(2 * RESYNC_S)  # past the first full re-list after the stream connects
         before = sim.json("GET", "/_bench/status")["requests"]
         cpu0 = ctl_proc.cpu_s()
+        gc0 = gc_pauses(api)
         with RssSampler(ctl_proc) as rss:
             time.sleep(window_s)
         cpu = ctl_proc.cpu_s() - cpu0
+        collections = gc_pauses_between(gc0, gc_pauses(api))
+        # From the start through the adoption (the pacer's first full collection among them).
+        adoption = gc_pauses_between((0, 0.0), gc0)
         after = sim.json("GET", "/_bench/status")["requests"]
         rss_end = ctl_proc.rss_mb()
         registered = sim.json("GET", "/_bench/status")["registered"]
@@ -86,6 +92,8 @@ def measure(n: int, window_s: float) -> dict[str, Any]:
         "rss_mb": rss_end,
         "rss_mb_peak": rss.peak_mb,
         "jobs_registered": registered,
+        "gc_full_collections_in_window": collections,
+        "gc_full_collections_before_window": adoption,
     }
 
 

@@ -340,6 +340,29 @@ def idle_runners(api: Http, env_id: int) -> int:
     return int((stats.get(str(env_id)) or {}).get("idleRunners") or 0)
 
 
+def gc_pauses(api: Http) -> tuple[int, float] | None:
+    """The controller's full garbage collections so far (`nrc_gc_pause_seconds`):
+    how many and their seconds in all; None from a controller without the metric."""
+    status, body = api.request("GET", "/metrics")
+    text = body.decode()
+    if status != 200 or "nrc_gc_pause_seconds_count" not in text:
+        return None
+    return (
+        int(metric_sum(text, "nrc_gc_pause_seconds_count")),
+        metric_sum(text, "nrc_gc_pause_seconds_sum"),
+    )
+
+
+def gc_pauses_between(
+    before: tuple[int, float] | None, after: tuple[int, float] | None
+) -> dict[str, float | None]:
+    """The full collections between two `gc_pauses` readings: how many, mean ms."""
+    if before is None or after is None:
+        return {"count": None, "mean_ms": None}
+    count = after[0] - before[0]
+    return {"count": count, "mean_ms": (after[1] - before[1]) * 1000 / count if count else None}
+
+
 def metric_sum(text: str, name: str, labels: Mapping[str, str] | None = None) -> float:
     """The sum of a Prometheus series' samples whose labels include `labels`."""
     total = 0.0

@@ -615,8 +615,8 @@ class Settings(BaseSettings):
         ge=0,
         le=3600,
         description="How often Python's garbage collector collects what is new and freezes the "
-        "rest, so that its own collections no longer walk the whole heap (a 78 ms pause for "
-        "every claim in flight with 1,500 runners; about 4 ms frozen). 0: Python's collector as "
+        "rest, so that its own collections no longer walk the whole heap (a pause of 76–97 ms for "
+        "every request in flight with 1,500 runners; 4–17 ms frozen). 0: Python's collector as "
         "is.",
         json_schema_extra=_allowed(f"a duration from 0 to 1h, {_DURATION_FORMS}", duration=True),
     )

@@ -3,7 +3,7 @@ long-running controller.
 
 A full (generation 2) collection walks every object the process holds: the
 snapshot, the spec cache, the libraries' own, about 120,000 objects with a
-pool of 1,500. It held the GIL for 78 ms each time (docs/performance.md),
+pool of 1,500. It held the GIL for 76–97 ms each time (docs/performance.md),
 and under 100 claims/s it came every few seconds. Every claim and execution
 in flight waited for it, so those pauses were the claims' p99.
 
