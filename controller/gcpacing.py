@@ -5,7 +5,9 @@ A full (generation 2) collection walks every object the process holds: the
 snapshot, the spec cache, the libraries' own, about 120,000 objects with a
 pool of 1,500. It held the GIL for 76–97 ms each time (docs/performance.md),
 and under 100 claims/s it came every few seconds. Every claim and execution
-in flight waited for it, so those pauses were the claims' p99.
+in flight waits for it: against a Nomad that answers in milliseconds those
+pauses set the claims' p99 (against the simulator its own stalls are
+longer still).
 
 `CollectorPacer` collects what is new and freezes the rest (`gc.freeze`), on
 a thread: once the first observation of Nomad has filled the snapshot, then
