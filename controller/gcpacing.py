@@ -12,7 +12,7 @@ longer still).
 `CollectorPacer` collects what is new and freezes the rest (`gc.freeze`), on
 a thread: once the first observation of Nomad has filled the snapshot, then
 every `freeze_interval_s`. The collector's own collections then walk
-only what was made since the last freeze (about 4 ms). Reference counting
+only what was made since the last freeze (4–17 ms in the benchmarks). Reference counting
 still frees frozen objects once nothing refers to them; only garbage cycles
 among frozen objects wait for the full collection (unfreeze, collect,
 freeze), every `full_interval_s`. That bounds the memory such cycles hold to
