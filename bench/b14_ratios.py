@@ -43,11 +43,12 @@ reads the controller's `/_bench/probe`, so older trees work as well.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -404,11 +405,18 @@ class Bench:
         self.gc: dict[str, list[dict[str, float | None]]] = {}
         self.no_refill = False
 
-    def refill(self, on: bool) -> None:
-        """`--no-refill`: the pool's creations off during the controller's
-        claim phases (see bench.ctlproc.RefillSwitch)."""
-        if self.no_refill:
-            self.api.json("GET", f"/_bench/refill?on={int(on)}&env_id={ENV_ID}")
+    @contextlib.contextmanager
+    def refill_off(self) -> Iterator[None]:
+        """`--no-refill`: the pool's creations off during a controller claim
+        phase, on again after it (see bench.ctlproc.RefillSwitch)."""
+        if not self.no_refill:
+            yield
+            return
+        self.api.json("GET", f"/_bench/refill?on=0&env_id={ENV_ID}")
+        try:
+            yield
+        finally:
+            self.api.json("GET", f"/_bench/refill?on=1&env_id={ENV_ID}")
 
     def quiet(self) -> None:
         """The controller's pool full and nothing left to create."""
@@ -454,11 +462,8 @@ class Bench:
             return bare.write(mine[i % len(mine)])
 
         def claims_open() -> Load:
-            self.refill(False)
-            try:
+            with self.refill_off():
                 return open_loop(CLIENTS, CLAIM_RATE, s.open_s, self.claim, self.api)
-            finally:
-                self.refill(True)
 
         def writes_open() -> Load:
             return open_loop(CLIENTS, CLAIM_RATE, s.open_s, write, self.sim)
@@ -473,11 +478,8 @@ class Bench:
             self.quiet()
             # Never more claims than the pool holds (an empty pool answers at once).
             cap = s.pool - 50
-            self.refill(False)
-            try:
+            with self.refill_off():
                 out["closed"].append(closed_loop(CLIENTS, s.closed_s, cap, self.claim, self.api))
-            finally:
-                self.refill(True)
             self.quiet()
             bare.prepare()
             out["closed_bare"].append(closed_loop(CLIENTS, s.closed_s, 10**9, write, self.sim))
@@ -545,6 +547,7 @@ def run(
         "controller_tree": str(tree or ""),
         "controller_commit": commit,
         "settings": dict(settings or {}),
+        "no_refill": no_refill,
     }
     with child_processes() as procs:
         sim_proc, sim = start_sim(procs, startup_delay_s=0.05, stop_delay_s=0.05)
@@ -590,17 +593,15 @@ def run(
     details["cpu_ms"] = cpu
     details["scale"] = s.__dict__
     result.details = details
-    details["no_refill"] = no_refill
     figures(result, claims, execs, cpu)
     collections = [c for c in bench_gc.get("claims", []) if c["count"] is not None]
     if collections:
-        count = sum(int(c["count"] or 0) for c in collections)
-        total_ms = sum((c["mean_ms"] or 0.0) * (c["count"] or 0) for c in collections)
+        count = sum(c["count"] or 0 for c in collections)
         result.add(
             "controller full garbage collections, mean pause, claim phases",
-            total_ms / count if count else None,
+            sum(c["total_ms"] or 0.0 for c in collections) / count if count else None,
             "ms",
-            note=f"{count} in {len(collections)} phases (nrc_gc_pause_seconds)",
+            note=f"{count:.0f} in {len(collections)} phases (nrc_gc_pause_seconds)",
         )
     if no_refill:
         # A diagnostic: no pool is refilled, so no goal applies.

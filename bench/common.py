@@ -356,11 +356,13 @@ def gc_pauses(api: Http) -> tuple[int, float] | None:
 def gc_pauses_between(
     before: tuple[int, float] | None, after: tuple[int, float] | None
 ) -> dict[str, float | None]:
-    """The full collections between two `gc_pauses` readings: how many, mean ms."""
+    """The full collections between two `gc_pauses` readings: how many, their
+    ms in all and on average."""
     if before is None or after is None:
-        return {"count": None, "mean_ms": None}
+        return {"count": None, "total_ms": None, "mean_ms": None}
     count = after[0] - before[0]
-    return {"count": count, "mean_ms": (after[1] - before[1]) * 1000 / count if count else None}
+    total_ms = (after[1] - before[1]) * 1000
+    return {"count": count, "total_ms": total_ms, "mean_ms": total_ms / count if count else None}
 
 
 def metric_sum(text: str, name: str, labels: Mapping[str, str] | None = None) -> float:
