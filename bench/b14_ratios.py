@@ -65,6 +65,7 @@ from bench.common import (
     git_commit,
     idle_runners,
     percentile,
+    sim_gc_pauses,
     start_ctlproc,
     start_sim,
     summary_ms,
@@ -401,8 +402,10 @@ class Bench:
         self.scale = scale
         self.sim_proc, self.sim, self.ctl, self.api = sim_proc, sim, ctl, api
         self.cpu: dict[str, dict[str, float]] = {}
-        # The controller's full garbage collections during each metered phase.
+        # The full garbage collections during each metered phase, of the
+        # controller and of the simulator.
         self.gc: dict[str, list[dict[str, float | None]]] = {}
+        self.sim_gc: dict[str, list[dict[str, float | None]]] = {}
         self.no_refill = False
 
     @contextlib.contextmanager
@@ -431,13 +434,14 @@ class Bench:
         """`run`, with the controller's and the simulator's CPU over it and
         the requests that succeeded added to `what`."""
         ctl, sim = self.ctl.cpu_s(), self.sim_proc.cpu_s()
-        gc0 = gc_pauses(self.api)
+        gc0, sim_gc0 = gc_pauses(self.api), sim_gc_pauses(self.sim)
         load = run()
         tally = self.cpu.setdefault(what, {"controller_s": 0.0, "simulator_s": 0.0, "units": 0})
         tally["controller_s"] += self.ctl.cpu_s() - ctl
         tally["simulator_s"] += self.sim_proc.cpu_s() - sim
         tally["units"] += len(load.latencies)
         self.gc.setdefault(what, []).append(gc_pauses_between(gc0, gc_pauses(self.api)))
+        self.sim_gc.setdefault(what, []).append(gc_pauses_between(sim_gc0, sim_gc_pauses(self.sim)))
         return load
 
     def cpu_ms(self, what: str) -> dict[str, float | None]:
@@ -583,6 +587,7 @@ def run(
         details["bare_jobs_untouched"] = untouched_by_controller(sim, bare)
         cpu = {what: bench.cpu_ms(what) for what in bench.cpu}
         details["gc_full_collections"] = bench_gc = bench.gc
+        details["simulator_gc_full_collections"] = sim_gc = bench.sim_gc
     details["claims"] = {k: [load.facts() for load in v] for k, v in claims.items()}
     details["executions"] = {
         k: [load.facts() for load in v] if isinstance(v, list) else v
@@ -594,14 +599,20 @@ def run(
     details["scale"] = s.__dict__
     result.details = details
     figures(result, claims, execs, cpu)
-    collections = [c for c in bench_gc.get("claims", []) if c["count"] is not None]
-    if collections:
+    for who, phases, what, source in (
+        ("controller", bench_gc, "claim", "nrc_gc_pause_seconds"),
+        ("simulator", sim_gc, "claim", "bench.simproc"),
+        ("simulator", sim_gc, "bare write", "bench.simproc"),
+    ):
+        collections = [c for c in phases.get(f"{what}s", []) if c["count"] is not None]
+        if not collections:
+            continue
         count = sum(c["count"] or 0 for c in collections)
         result.add(
-            "controller full garbage collections, mean pause, claim phases",
+            f"{who} full garbage collections, mean pause, {what} phases",
             sum(c["total_ms"] or 0.0 for c in collections) / count if count else None,
             "ms",
-            note=f"{count:.0f} in {len(collections)} phases (nrc_gc_pause_seconds)",
+            note=f"{count:.0f} in {len(collections)} phases ({source})",
         )
     if no_refill:
         # A diagnostic: no pool is refilled, so no goal applies.

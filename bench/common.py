@@ -353,6 +353,13 @@ def gc_pauses(api: Http) -> tuple[int, float] | None:
     )
 
 
+def sim_gc_pauses(sim: Http) -> tuple[int, float] | None:
+    """The simulator process's full garbage collections so far (bench.simproc's
+    `/_bench/status`): how many and their seconds in all."""
+    paused = sim.json("GET", "/_bench/status").get("gc_pauses")
+    return None if paused is None else (int(paused["count"]), float(paused["total_s"]))
+
+
 def gc_pauses_between(
     before: tuple[int, float] | None, after: tuple[int, float] | None
 ) -> dict[str, float | None]:

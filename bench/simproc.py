@@ -8,13 +8,19 @@ paying for it through HTTP (none of them is part of Nomad or of `/_sim`):
   job of the environment (with that pool size) and `runners` runner jobs in
   Poseidon's layout (`controller.nomad.jobs`), exactly as the controller
   would write them, directly on the simulator's loop;
-- `GET /_bench/status` counts jobs, allocations and running allocations;
+- `GET /_bench/status` counts jobs, allocations and running allocations, and
+  the process's full garbage collections (`gc_pauses`: count, seconds);
 - `GET /_bench/processes?alloc=ID` lists the live processes an allocation's
   executions left (by the simulator's marker, and as root by its uid);
 - `POST /_bench/touch {"ids", "kind"}` changes runners as another writer or
   the cluster would: `job` re-registers each job with one more meta key (a
   new JobModifyIndex; the allocation is updated in place), `crash` makes each
   runner's task exit (it restarts in place).
+
+Its garbage collector is paced as the `sim` command paces it (every
+`--gc-freeze-interval` s, 1 by default or `BENCH_SIM_GC_FREEZE_INTERVAL`; the
+first time once the seed is in): see docs/simulator.md, "No pauses Nomad does
+not have".
 
 Prints `READY <address>` (the entry's) once it listens; SIGTERM stops it.
 """
@@ -35,6 +41,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from controller.gcpacing import CollectorPacer, Pacing
 from controller.model import Environment
 from controller.nomad import jobs
 from nomadsim import SimConfig, SimServer, Simulator
@@ -74,7 +81,27 @@ def environment(env_id: int, pool: int) -> Environment:
     )
 
 
-def bench_routes(sim: Simulator) -> list[Route]:
+class GcPauses:
+    """The simulator process's garbage collector, paced (`controller.gcpacing`)
+    once the seed is in and every interval after that, and its full
+    collections counted for `/_bench/status`."""
+
+    def __init__(self, freeze_interval_s: float) -> None:
+        self.seeded = threading.Event()
+        self.count = 0
+        self.total_s = 0.0
+        self.pacer = CollectorPacer(
+            Pacing(freeze_interval_s=freeze_interval_s),
+            on_pause=self._paused,
+            ready=self.seeded.is_set,
+        )
+
+    def _paused(self, seconds: float) -> None:
+        self.count += 1
+        self.total_s += seconds
+
+
+def bench_routes(sim: Simulator, gc_pauses: GcPauses) -> list[Route]:
     rng = random.Random(7)
 
     async def seed(request: Request) -> Response:
@@ -93,6 +120,7 @@ def bench_routes(sim: Simulator) -> list[Route]:
             ids.append(job_id)
             if n % 100 == 99:
                 await asyncio.sleep(0)  # let the scheduler and clients run
+        gc_pauses.seeded.set()
         return JSONResponse({"index": sim.store.index, "ids": ids})
 
     async def status(request: Request) -> Response:
@@ -107,6 +135,8 @@ def bench_routes(sim: Simulator) -> list[Route]:
                 "requests": sim.requests,
                 # the stand-in for /sbin/setuser that executions are wrapped in
                 "setuser": sim.setuser_path,
+                # full garbage collections of this process so far
+                "gc_pauses": {"count": gc_pauses.count, "total_s": gc_pauses.total_s},
             }
         )
 
@@ -171,15 +201,18 @@ def serve(args: argparse.Namespace) -> None:
         ),
         port=args.port,
     )
-    server.app.router.routes.extend(bench_routes(server.sim))
+    gc_pauses = GcPauses(args.gc_freeze_interval)
+    server.app.router.routes.extend(bench_routes(server.sim, gc_pauses))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     server.start(timeout=30)
+    gc_pauses.pacer.start()
     try:
         print(f"READY {server.address}", flush=True)
         stop.wait()
     finally:
+        gc_pauses.pacer.stop()
         server.stop()
 
 
@@ -191,6 +224,12 @@ def main() -> None:
     parser.add_argument("--stop-delay", type=float, default=0.2)
     parser.add_argument("--event-buffer", type=int, default=100)
     parser.add_argument("--topology", choices=["tests", "production", "direct"], default="tests")
+    parser.add_argument(
+        "--gc-freeze-interval",
+        type=float,
+        default=float(os.environ.get("BENCH_SIM_GC_FREEZE_INTERVAL", "1")),
+        help="seconds between the paced collections (0: Python's collector as is)",
+    )
     serve(parser.parse_args())
 
 

@@ -67,6 +67,7 @@ def test_sim_command_serves_nomad_api_until_signalled(sig: signal.Signals) -> No
         (["sim", "--nodes", "0"], "must be at least 1"),
         (["sim", "--port", "99999"], "must be between 0 and 65535"),
         (["sim", "--startup-delay", "-1"], "must not be negative"),
+        (["sim", "--gc-freeze-interval", "-1"], "must not be negative"),
         (["bogus"], "invalid choice"),
         (["sim", "--migration-ordering", "sideways"], "invalid choice"),
         ([], "required"),
@@ -109,6 +110,13 @@ def test_sim_help_lists_every_migration_ordering(capsys: pytest.CaptureFixture[s
     for ordering in ORDERINGS:
         args = build_parser().parse_args(["sim", "--migration-ordering", ordering])
         assert args.migration_ordering == ordering
+
+
+def test_sim_paces_its_garbage_collector_every_second_unless_told_not_to() -> None:
+    """Nomad's Go runtime does not stop for a full walk of its heap; the
+    simulator's Python would, for 100-250 ms at 2,000 runners."""
+    assert build_parser().parse_args(["sim"]).gc_freeze_interval == 1.0
+    assert build_parser().parse_args(["sim", "--gc-freeze-interval", "0"]).gc_freeze_interval == 0
 
 
 def test_sim_closes_exec_stdin_on_exit_as_docker_unless_told_not_to() -> None:
