@@ -120,6 +120,9 @@ class Actor:
             self._record("create", "error")
             log.warning("creating runner %s: %s", job_id, exc)
             return False
+        self._observer.remember_created(
+            job_id, jobs.with_modify_index(spec, result.job_modify_index)
+        )
         self._expectations.created(job_id, result.index)
         self._record("create", "ok")
         self._metrics.jobs_created.labels(str(env_id)).inc()

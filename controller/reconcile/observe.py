@@ -26,7 +26,9 @@
   towards its pool but nothing is deleted in that pass.
 - Our own writes are applied to the snapshot at once (`apply_spec`, `forget`),
   so a claim is visible to the next claimer before any list shows it; a
-  refresh that began before a write lays the write over its result.
+  refresh that began before a write lays the write over its result. A
+  creation's spec is only cached (`remember_created`): the job shows once a
+  list shows it, and its spec is not read back.
 - Expectations are settled in the same step (under the lock) as the snapshot
   that shows what settled them is installed, and a pass reads both together
   (`snapshot_and_pending`): a creation is counted by the snapshot or as
@@ -143,9 +145,11 @@ class Observer:
 
     def note_event_index(self, index: int, events: Iterable[EventRef] = ()) -> None:
         """An event frame was received; `events` name the jobs to read again.
-        A Job event no newer than the spec we hold is our own write coming
-        back (`SpecWriter` put the spec it wrote, with its JobModifyIndex, in
-        the cache): nothing in it is new, so it names nothing to read."""
+        A Job event no newer than the spec we hold, about a job the snapshot
+        shows, is our own write coming back (`SpecWriter` put the spec it
+        wrote, with its JobModifyIndex, in the cache): nothing in it is new,
+        so it names nothing to read. A job we created is not shown until a
+        list shows it, so its Job event still names it."""
         with self._lock:
             fresh = [
                 e
@@ -154,9 +158,17 @@ class Observer:
                     e.topic == "Job"
                     and e.job_id
                     and self._specs.current_for(e.job_id, index) is not None
+                    and self._shown(e.job_id)
                 )
             ]
         self._heard.note(index, fresh)
+
+    def _shown(self, job_id: str) -> bool:
+        """Whether the snapshot shows the job (a runner, or a template)."""
+        if job_id in self._snapshot.runners:
+            return True
+        env_id = jobs.template_env_id(job_id)
+        return env_id is not None and env_id in self._snapshot.templates
 
     def reread(self, job_ids: Collection[str]) -> Snapshot:
         """Read these jobs and their allocations from Nomad now, whether or not
@@ -249,6 +261,16 @@ class Observer:
                 return
             self._writes_meanwhile[job_id] = spec
             self._snapshot = _with_spec(self._snapshot, job_id, spec, cached)
+
+    def remember_created(self, job_id: str, spec: JsonDict) -> None:
+        """The spec of a job we just created (with its JobModifyIndex), so the
+        refresh that first lists the job need not read it back (one read of
+        Nomad per creation). Unlike `apply_spec` the job is not shown: a
+        creation counts as pending until a list shows it (the expectations),
+        never both as pending and as a runner."""
+        cached = CachedSpec.of(job_id, spec)
+        with self._lock:
+            self._specs.put_if_newer(job_id, cached)
 
     def forget(self, job_id: str) -> None:
         """A job we just deleted."""
@@ -496,8 +518,9 @@ def _with_spec(snap: Snapshot, job_id: str, spec: JsonDict, cached: CachedSpec) 
     old = snap.runners.get(job_id)
     if cached.runner is None or old is None:
         return snap  # a new runner shows up with the next list (its creation is expected)
-    # Status is not part of the spec: the view keeps the one the list showed.
-    runner = replace(cached.runner, status=old.job.status)
+    # Status is not part of the spec, nor is the job's CreateIndex (a spec we
+    # write carries no server fields): the view keeps what the list showed.
+    runner = replace(cached.runner, status=old.job.status, create_index=old.job.create_index)
     return snapshots.with_runner(snap, derive_runner(runner, snap.allocs.get(job_id, ())))
 
 

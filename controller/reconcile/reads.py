@@ -186,8 +186,15 @@ class JobReader:
         if cached is not None and cached[0] == derived_from:
             return cached[1]
         # Status is not part of the spec (it changes without a new
-        # JobModifyIndex): it comes from the list.
-        view = derive_runner(replace(spec.runner, status=stub.status), allocs)
+        # JobModifyIndex): it comes from the list. So do the indexes and
+        # times Nomad sets: a spec we wrote and cached carries none of them.
+        runner = replace(
+            spec.runner,
+            status=stub.status,
+            create_index=stub.create_index,
+            submit_time=stub.submit_time,
+        )
+        view = derive_runner(runner, allocs)
         self._derived[job_id] = (derived_from, view)
         return view
 

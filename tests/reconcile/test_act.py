@@ -180,9 +180,30 @@ def test_creations_register_new_jobs_and_are_expected_until_seen(pool: Pool) -> 
     assert pool.expectations.pending(ENV.id).creating == 2
     assert writes(pool, "create", "ok") == 2
     assert pool.count("nrc_jobs_created", environment=str(ENV.id)) == 2
+    pool.nomad.reads.clear()
     pool.refresh()
     assert pool.expectations.pending(ENV.id).creating == 0
     assert set(created) <= set(pool.observer.snapshot.runners)
+    # The specs we wrote are cached with the index Nomad gave them: listed,
+    # not read back; Nomad's CreateIndex comes from the list.
+    assert not [r for r in pool.nomad.reads if r.startswith("get_job")]
+    for job_id in created:
+        assert pool.view(job_id).known
+        assert pool.view(job_id).job.create_index == pool.nomad.specs[job_id]["CreateIndex"] > 0
+
+
+def test_a_claimed_runner_keeps_the_create_index_nomad_listed(pool: Pool) -> None:
+    """A claim writes the spec without Nomad's fields; the snapshot keeps the
+    runner's CreateIndex (its age among the runners) from the list."""
+    pool.environment()
+    (runner_id,) = pool.ready_runners(1)
+    listed = pool.view(runner_id).job.create_index
+    assert listed == pool.nomad.specs[runner_id]["CreateIndex"] > 0
+    pool.claim()
+    assert pool.view(runner_id).claimed
+    assert pool.view(runner_id).job.create_index == listed
+    pool.refresh()
+    assert pool.view(runner_id).job.create_index == listed
 
 
 CREATE_FAILURES = [

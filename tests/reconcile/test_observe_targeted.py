@@ -291,3 +291,34 @@ def test_our_own_writes_job_event_is_not_read_again_but_a_newer_one_is() -> None
         f"list_allocations_of_jobs {[runner_id(1)]}",
         f"get_job {runner_id(1)}",
     ]
+
+
+def test_a_job_we_created_is_listed_from_its_job_event_but_its_spec_not_read_back() -> None:
+    """Our creation's spec is cached with the JobModifyIndex Nomad gave it
+    (`remember_created`), but the job is not shown until a list shows it (its
+    creation is pending meanwhile): so its Job event still names it, and the
+    refresh lists it without reading the spec back. The indexes and times
+    Nomad sets come from the list, as the spec we wrote has none."""
+    nomad, observer, expectations, _ = setup()
+    template = nomad.specs[jobs.template_job_id(ENV.id)]
+    created = runner_id(7)
+    expectations.expect_create(ENV.id, created)
+    result = nomad.register_job(jobs.runner_job(template, ENV, created), enforce_index=0)
+    spec = jobs.runner_job(template, ENV, created)  # what we wrote, without Nomad's fields
+    observer.remember_created(created, jobs.with_modify_index(spec, result.job_modify_index))
+    expectations.created(created, result.index)
+    assert created not in observer.snapshot.runners
+    nomad.reads.clear()
+
+    observer.note_event_index(result.index, decode_events([job_event(created)]))
+    snap = observer.current()
+
+    assert nomad.reads == [
+        f"list_jobs_by_id {[created]}",
+        f"list_allocations_of_jobs {[created]}",
+    ]
+    view = snap.runners[created]
+    assert view.known and not view.claimed
+    assert view.job.create_index == nomad.specs[created]["CreateIndex"] > 0
+    assert view.job.submit_time == nomad.specs[created]["SubmitTime"] > 0
+    assert observer.snapshot_and_pending(ENV.id)[1].creating == 0

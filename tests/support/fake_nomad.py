@@ -207,6 +207,9 @@ class FakeNomad:
         self.before_deregister: Callable[[str], None] | None = None
         # Called before a job is read (e.g. to write while a refresh reads).
         self.before_get: Callable[[str], None] | None = None
+        # Called before allocations are listed: a refresh has its job list
+        # then, and has installed nothing yet.
+        self.before_list_allocations: Callable[[], None] | None = None
         self.unreadable: set[str] = set()  # get_job fails for these
         # A follower behind: the full lists answer at this index.
         self.list_index: int | None = None
@@ -361,8 +364,13 @@ class FakeNomad:
 
     def list_allocations(self, index: int = 0, wait_s: float = 0) -> AllocListing:
         self.reads.append("list_allocations")
+        self._listing_allocations()
         answers = tuple(self._answer(a) for a in self.allocs.values())
         return AllocListing(answers, self._full_list_index())
+
+    def _listing_allocations(self) -> None:
+        if self.before_list_allocations is not None:
+            self.before_list_allocations()
 
     def get_allocation(self, alloc_id: str) -> Allocation | None:
         self.reads.append(f"get_allocation {alloc_id}")
@@ -379,6 +387,7 @@ class FakeNomad:
 
     def list_allocations_of_jobs(self, job_ids: Collection[str]) -> AllocListing:
         self.reads.append(f"list_allocations_of_jobs {sorted(job_ids)}")
+        self._listing_allocations()
         index, hidden = self.lag or self.lag_allocs or (self.index, set())
         self.lag = self.lag_allocs = None
         answers = tuple(
@@ -390,6 +399,7 @@ class FakeNomad:
 
     def list_allocation_versions(self) -> AllocListing:
         self.reads.append("list_allocation_versions")
+        self._listing_allocations()
         answers = tuple(
             decode_allocation(allocation_json(a, brief=True)) for a in self.allocs.values()
         )
