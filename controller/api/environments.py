@@ -3,7 +3,8 @@ the pool statistics.
 
 An environment is its Nomad template job; the controller keeps
 `prewarmingPoolSize` ready idle runners of it. Reads answer from the
-controller's last observation of Nomad (`?fetch=true` re-lists Nomad first);
+controller's last observation of Nomad (`?fetch=true` reads the template jobs
+from Nomad first, whether or not an event named them yet);
 writes go to Nomad at once and wake the environment's pass.
 """
 
@@ -39,8 +40,8 @@ EnvironmentId = Annotated[
 Fetch = Annotated[
     bool,
     Query(
-        description="Re-list Nomad before answering; otherwise the controller's last "
-        "observation (kept current by Nomad's event stream) is returned."
+        description="Read the template jobs from Nomad before answering; otherwise the "
+        "controller's last observation (kept current by Nomad's event stream) is returned."
     ),
 ]
 EnvironmentBody = Annotated[EnvironmentRequest, Depends(json_body(EnvironmentRequest))]
@@ -99,7 +100,7 @@ def router(controller: Pools, dependencies: list[Any], max_pool_size: int) -> AP
     )
     def list_all(fetch: Fetch = False) -> EnvironmentList:
         if fetch:
-            controller.refresh()
+            controller.fetch_environments()
         return EnvironmentList(
             executionEnvironments=[to_body(e) for e in controller.environments()]
         )
@@ -112,7 +113,7 @@ def router(controller: Pools, dependencies: list[Any], max_pool_size: int) -> AP
     )
     def show(executionEnvironmentId: EnvironmentId, fetch: Fetch = False) -> ExecutionEnvironment:
         if fetch:
-            controller.refresh()
+            controller.fetch_environments(executionEnvironmentId)
         return to_body(found(executionEnvironmentId))
 
     @api.get(

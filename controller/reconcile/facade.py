@@ -80,11 +80,19 @@ class Pools:
             return "Nomad has not been observed yet"
         return None
 
-    def refresh(self) -> None:
-        """Read Nomad now, as the loop does (`Observer.refresh`: targeted at
-        what events named, a full list when the snapshot is stale), e.g. for
-        `?fetch=true`; raises when Nomad cannot be read."""
-        self._observer.refresh()
+    def fetch_environments(self, env_id: int | None = None) -> None:
+        """Read the environments from Nomad now, whether or not an event named
+        them yet (`?fetch=true`: a template another writer just registered
+        shows even before its event arrives): the template job of `env_id`,
+        or every template job Nomad lists and every one the snapshot shows
+        (so a deleted one is seen gone). Raises when Nomad cannot be read."""
+        if env_id is not None:
+            ids = {jobs.template_job_id(env_id)}
+        else:
+            listed = self._gateway.list_jobs(prefix=jobs.TEMPLATE_PREFIX)
+            ids = {stub.id for stub in listed.jobs if jobs.template_env_id(stub.id) is not None}
+            ids |= {jobs.template_job_id(e) for e in self._observer.snapshot.templates}
+        self._observer.reread(ids)
 
     def reread(self, runner_ids: Collection[str]) -> None:
         """Read these runners from Nomad now (see `Observer.reread`)."""

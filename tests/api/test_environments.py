@@ -11,6 +11,7 @@ from controller.nomad import jobs
 from controller.reconcile.prewarming import PrewarmSettings
 from tests.helpers import Http, wait_until
 from tests.support.api_client import API, Api, MakeApi, dumps, environment_body, error_of
+from tests.support.one_runner import OneRunner
 from tests.support.poseidon import POSEIDON_HCL, as_poseidon_registers
 
 
@@ -59,6 +60,28 @@ def test_fetch_re_lists_nomad(make_api: MakeApi) -> None:
     r = api.client.get(url(4), params={"fetch": "true"})
     assert r.status_code == 200 and r.json()["image"] == "python:3.10"
     assert api.client.get(url(4), params={"fetch": "false"}).status_code == 200
+
+
+def test_fetch_reads_templates_no_event_named_yet() -> None:
+    """With the event stream connected a refresh reads only what events named.
+    `?fetch=true` must not wait for the event of a template another writer
+    just registered (seen under load: 404 for an environment Nomad held)."""
+    s = OneRunner()
+    try:
+        s.controller.observer.set_stream_connected(True)
+        s.controller.observer.refresh()  # the first after a connect is full
+        s.nomad.put(jobs.template_job(Environment(id=8, image="python:3.11")))  # no event yet
+        assert error_of(s.api.get(url(8)))[0] == 404
+        r = s.api.get(url(8), params={"fetch": "true"})
+        assert r.status_code == 200 and r.json()["image"] == "python:3.11"
+        s.nomad.put(jobs.template_job(Environment(id=9, image="python:3.12")))
+        listed = s.api.get(f"{API}/execution-environments", params={"fetch": "true"}).json()
+        assert [e["id"] for e in listed["executionEnvironments"]] == [8, 9]
+        s.nomad.delete(jobs.template_job_id(8))  # gone, and no event heard of it either
+        listed = s.api.get(f"{API}/execution-environments", params={"fetch": "true"}).json()
+        assert [e["id"] for e in listed["executionEnvironments"]] == [9]
+    finally:
+        s.close()
 
 
 def test_unknown_environment_is_404(api: Api) -> None:

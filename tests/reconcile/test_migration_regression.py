@@ -237,7 +237,7 @@ def test_migration_in_any_order_through_the_controller(
         assert (s.idle in offered) == new_running, (name, position, offered)
 
     # Resyncs later: nothing changes any more.
-    controller.pools.refresh()
+    controller.observer.refresh()
     s.reconcile()
 
     assert nomad.end_claims(s.claimed) == ["migrated"], name
