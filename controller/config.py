@@ -488,8 +488,10 @@ class Settings(BaseSettings):
         le=10,
         description="How long a Nomad client takes to report what happened to an allocation "
         "(its 200 ms update batch, then the server's 50 ms one). A missing path is answered "
-        "424 once this long has passed since its read started and the allocation, read from "
-        "Nomad, shows no restart, kill or migration; else after NRC_LOSS_SETTLE.",
+        "424 when the allocation, read from Nomad, shows no restart, kill or migration: at "
+        "once when its job restarts a task no sooner than this after deciding to (Poseidon's "
+        "template: 15 s), else once this long has passed since its read started; anything in "
+        "flight, after NRC_LOSS_SETTLE.",
         json_schema_extra=_allowed(f"a duration from 0 to 10s, {_DURATION_FORMS}", duration=True),
     )
     execution_id_ttl_s: Duration = Field(

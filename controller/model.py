@@ -134,6 +134,11 @@ class Allocation:
     last_exit_oom: bool = False  # the newest Terminated task event says OOM killed
     started_at: int | None = None  # ns; first time a task of it started running
     ports: tuple[PortMapping, ...] = ()
+    # ns: the shortest time between a restart of one of its tasks being decided
+    # (and reported) and the task running again, from the job it runs; 0 when
+    # some restart can come at once, None when the read carried no job (lists
+    # and event payloads). Not part of the allocation's identity.
+    restart_notice_ns: int | None = field(default=None, compare=False)
 
     @property
     def client_terminal(self) -> bool:

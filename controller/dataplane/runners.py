@@ -16,10 +16,20 @@ looks claimed after the settle time.
 A missing path is believed sooner (`Look.QUIET`): a reset file system means
 the task restarted before the exec that met it started, and a Nomad client
 reports such a change within its sync time (NRC_NOMAD_CLIENT_SYNC: its 200 ms
-update batch, then the server's 50 ms one). So one read of the allocation
-that long after the exec was opened, if it shows the claim's allocation still
-running with the claim's restart count and nothing stopping or migrating it,
-settles it (`nothing_in_flight`); anything else falls back to the settle.
+update batch, then the server's 50 ms one). A restart its policy makes is
+decided, and reported, when the task exits, and runs the task again only
+after the policy's delay (Poseidon's template: 15 s). So when every restart
+the allocation's job allows waits at least the sync time (`restart_notice_ns`),
+a restart before the exec already shows in Nomad: one read of the allocation
+at once, showing the claim's allocation still running with the claim's
+restart count and nothing stopping or migrating it (`nothing_in_flight`),
+settles it (`believed_at_once`). With less notice (a delay shorter than the
+sync, a check or template that restarts at once) a second read that long
+after the exec was opened must show the same. Anything else falls back to
+the settle. A restart asked through Nomad's API (`nomad alloc restart`)
+comes at once and no job shows it: one finished within the sync time before
+the exec is the case a 424 cannot exclude (docs/architecture.md,
+how a file operation flows, step 7).
 """
 
 from __future__ import annotations
@@ -64,6 +74,18 @@ def nothing_in_flight(alloc: Allocation | None, claim: Claim) -> bool:
         and alloc.client_status == "running"
         and alloc.desired_status == "run"
         and not alloc.migrate
+    )
+
+
+def believed_at_once(alloc: Allocation | None, claim: Claim, client_sync_s: float) -> bool:
+    """Whether Nomad's `alloc`, read after a failure, settles it at once:
+    nothing in flight, and no restart of it can run its task again before its
+    client reported it (the job's restart notice is at least the sync time)."""
+    return (
+        nothing_in_flight(alloc, claim)
+        and alloc is not None
+        and alloc.restart_notice_ns is not None
+        and alloc.restart_notice_ns >= client_sync_s * 1e9
     )
 
 
@@ -175,8 +197,9 @@ class ClaimedRunners:
         """`verdict` as hard as a failure's `look` asks (answers.Look): no
         read, one read now, reads over the settle time, or — for `QUIET`, with
         `since` the event loop time the failing exec was opened — one read of
-        the allocation once its client has reported, the settle only when
-        that read shows something in flight."""
+        the allocation at once, and when its restarts give less notice than
+        the client's sync time one more once its client has reported; the
+        settle only when a read shows something in flight."""
         if look is Look.NONE:
             return None
         if look is Look.QUIET and since is not None:
@@ -189,16 +212,24 @@ class ClaimedRunners:
         claim = view.job.claim if view is not None else None
         if view is None or claim is None or view.loss is not None:
             return await asyncio.to_thread(self._look, runner_id)
-        loop = asyncio.get_running_loop()
-        await asyncio.sleep(max(0.0, since + self.client_sync_s - loop.time()))
+        alloc = await self._allocation(runner_id, claim.alloc_id)
+        if believed_at_once(alloc, claim, self.client_sync_s):
+            return await asyncio.to_thread(self._look, runner_id)
+        if nothing_in_flight(alloc, claim):
+            loop = asyncio.get_running_loop()
+            await asyncio.sleep(max(0.0, since + self.client_sync_s - loop.time()))
+            alloc = await self._allocation(runner_id, claim.alloc_id)
+            if nothing_in_flight(alloc, claim):
+                return await asyncio.to_thread(self._look, runner_id)
+        return await self.verdict(runner_id, settle_s=self.settle_s)
+
+    async def _allocation(self, runner_id: str, alloc_id: str) -> Allocation | None:
+        """The allocation as Nomad's leader holds it now; None when the read fails."""
         try:
-            alloc = await asyncio.to_thread(self._pools.allocation, claim.alloc_id)
+            return await asyncio.to_thread(self._pools.allocation, alloc_id)
         except Exception as exc:
             log.warning("reading the allocation of runner %s from Nomad: %s", runner_id, exc)
-            alloc = None
-        if nothing_in_flight(alloc, claim):
-            return await asyncio.to_thread(self._look, runner_id)
-        return await self.verdict(runner_id, settle_s=self.settle_s)
+            return None
 
     async def stop(self, runner_id: str, reason: LossReason) -> None:
         """End the claim with `reason` (the job is stopped with it: Nomad kills

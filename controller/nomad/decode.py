@@ -1,5 +1,6 @@
 """Nomad's JSON → the controller's model: allocations (list stubs and full
-objects, e.g. event payloads) and job list stubs.
+objects, e.g. event payloads), with how much notice a restart of one gives
+when the job comes with it, and job list stubs.
 
 Nomad writes every zero-valued field of a full Allocation (and of its
 NetworkResource and Port entries) as absent, writes a zero `time.Time` as
@@ -113,7 +114,62 @@ def decode_allocation(raw: Mapping[str, Any]) -> Allocation:
         last_exit_oom=_last_exit_oom(task_states),
         started_at=min(started) if started else None,
         ports=decode_ports(_dict(raw.get("AllocatedResources"))),
+        restart_notice_ns=restart_notice_ns(raw),
     )
+
+
+# A task that never restarts gives no bound: as long as Nomad's durations go.
+NEVER_NS = 2**63 - 1
+
+
+def restart_notice_ns(raw: Mapping[str, Any]) -> int | None:
+    """How long, at least, a task of the allocation waits between a restart
+    being decided and running again (its client reports the decision when it
+    is made): the shortest over its tasks, 0 when some restart may come at
+    once, `NEVER_NS` when none restarts; None when `raw` carries no job (a
+    list stub, an event payload).
+
+    As Nomad's task runner (v1.6) decides: a task's own restart policy, else
+    its group's; no attempts, no restart; within its attempts, the delay plus
+    a jitter that only adds; mode `delay` past its attempts waits only until
+    the interval ends, which may be now. A template re-rendered with change
+    mode `restart` (the default) and a check's `check_restart` restart at
+    once, as does a restart asked through the API (which no job shows)."""
+    job = raw.get("Job")
+    if not isinstance(job, Mapping):
+        return None
+    name = raw.get("TaskGroup")
+    group = next(
+        (g for g in map(_dict, _list(job.get("TaskGroups"))) if g.get("Name") == name), None
+    )
+    if group is None:
+        return None
+    if _restarts_on_checks(_list(group.get("Services"))):
+        return 0
+    notice = NEVER_NS
+    for task in map(_dict, _list(group.get("Tasks"))):
+        templates = map(_dict, _list(task.get("Templates")))
+        if _restarts_on_checks(_list(task.get("Services"))) or any(
+            t.get("ChangeMode") in (None, "", "restart") for t in templates
+        ):
+            return 0
+        policy = _dict(task.get("RestartPolicy") or group.get("RestartPolicy"))
+        if _int(policy.get("Attempts")) == 0:
+            continue
+        if policy.get("Mode") != "fail":
+            return 0
+        notice = min(notice, _int(policy.get("Delay")))
+    return notice
+
+
+def _restarts_on_checks(services: list[Any]) -> bool:
+    """Whether a failing check of one of these services restarts its task."""
+    for service in map(_dict, services):
+        if service.get("CheckRestart") or any(
+            _dict(check).get("CheckRestart") for check in _list(service.get("Checks"))
+        ):
+            return True
+    return False
 
 
 def _last_exit_oom(task_states: list[Mapping[str, Any]]) -> bool:

@@ -34,9 +34,10 @@ from controller.api.streamed import Streamed
 from controller.execution.service import ExecutionSettings, executions
 from controller.files.errors import Interrupted
 from controller.files.service import Files
-from controller.model import Environment, LossReason
+from controller.model import SECOND, Environment, LossReason
 from controller.nomad.client import NomadClient
 from controller.nomad.exec import ExecClient, Exited
+from controller.nomad.jobs import TemplatePolicy, template_job
 from controller.reconcile.loop import Controller, ControllerSettings
 from controller.reconcile.plan import Plan, PlanInput, plan
 from nomadsim import SimServer
@@ -47,11 +48,16 @@ MakeSim = Callable[..., SimServer]
 
 
 @contextlib.contextmanager
-def filled_controller(sim: SimServer, env: Environment) -> Iterator[Controller]:
+def filled_controller(
+    sim: SimServer, env: Environment, template: TemplatePolicy | None = None
+) -> Iterator[Controller]:
     """A controller (no threads of its own: passes run when the test calls
-    `reconcile`) whose pool of `env` is full of ready runners."""
+    `reconcile`) whose pool of `env` is full of ready runners, built from
+    `template` (the built-in one by default)."""
     gateway = NomadClient(address=sim.address, timeout_s=5.0, retry_max_wait_s=0.2)
-    c = Controller(gateway, ControllerSettings(write_rate_per_s=0))
+    c = Controller(
+        gateway, ControllerSettings(write_rate_per_s=0, template=template or TemplatePolicy())
+    )
     try:
         c.observer.refresh()
         c.pools.put_environment(env)
@@ -171,16 +177,27 @@ def test_migrated_allocation_completes_when_its_job_stops_first(make_sim: MakeSi
 RESTART_IN_1S = 1 / 15
 
 
+def restarting_after(env: Environment, delay_s: float) -> TemplatePolicy:
+    """An operator's template (NRC_TEMPLATE_JOB_FILE) whose tasks restart
+    `delay_s` after a crash, where Poseidon's wait 15 s."""
+    base = template_job(env)
+    base["TaskGroups"][0]["RestartPolicy"]["Delay"] = int(delay_s * SECOND)
+    return TemplatePolicy(base=base)
+
+
 @contextlib.contextmanager
 def marker_after_a_restart(
-    sim: SimServer, env: Environment, settings: ExecutionSettings | None = None
+    sim: SimServer,
+    env: Environment,
+    settings: ExecutionSettings | None = None,
+    template: TemplatePolicy | None = None,
 ) -> Iterator[tuple[TestClient, str, float]]:
     """A claimed runner that was given a marker file, whose task then crashed and
     was restarted in place by Nomad (a fresh working directory), unseen by the
     controller (it has not listed Nomad since): the API, the marker's URL and
     when the crash was (monotonic). With the simulator's `client_sync_ms`, the
     restart may not have reached Nomad's servers yet."""
-    with filled_controller(sim, env) as c:
+    with filled_controller(sim, env, template) as c:
         runner = c.claims.claim(env.id, timeout_s=0)
         assert runner.alloc is not None
         api = TestClient(
@@ -239,19 +256,56 @@ def test_a_read_before_the_client_reported_the_restart_answers_410_not_424(
     make_sim: MakeSim,
 ) -> None:
     """A Nomad client reports an allocation's change up to its sync time
-    later (200 ms, then the server's 50 ms batch; 2 s here): the missing path
-    is believed only after a read of the allocation made that long after the
-    exec was opened, which shows the restart. Trusting a read at once (sync
-    time 0) answers 424 from the fresh file system."""
-    sim = make_sim(time_scale=RESTART_IN_1S, client_sync_ms=2000.0)
+    later (200 ms, then the server's 50 ms batch; 2 s here). With a restart
+    delay shorter than that (1 s, an operator's template), a restart before
+    the exec may not show yet: the missing path is believed only after a
+    read of the allocation made that long after the exec was opened, which
+    shows the restart. Trusting a read at once answers 424 from the fresh
+    file system."""
+    sim = make_sim(client_sync_ms=2000.0)
+    env = Environment(id=11, image="python:3.12", prewarming_pool_size=1)
     with marker_after_a_restart(
-        sim,
-        Environment(id=11, image="python:3.12", prewarming_pool_size=1),
-        ExecutionSettings(client_sync_s=2.1),
+        sim, env, ExecutionSettings(client_sync_s=2.1), restarting_after(env, 1.0)
     ) as (api, raw, _):
         answer = api.get(raw)
     assert answer.status_code == 410, (answer.status_code, answer.text)
     assert "restarted" in answer.json()["message"]
+
+
+def test_a_restart_that_gives_notice_shows_before_the_read_at_once(make_sim: MakeSim) -> None:
+    """A restart its policy makes is reported when it is decided, and the
+    task runs again only after the policy's delay (1 s here; the sync
+    0.5 s): the one read at once after a missing path already shows it."""
+    sim = make_sim(client_sync_ms=500.0)
+    env = Environment(id=12, image="python:3.12", prewarming_pool_size=1)
+    with marker_after_a_restart(
+        sim, env, ExecutionSettings(client_sync_s=0.55), restarting_after(env, 1.0)
+    ) as (api, raw, _):
+        answer = api.get(raw)
+    assert answer.status_code == 410, (answer.status_code, answer.text)
+    assert "restarted" in answer.json()["message"]
+
+
+def test_a_missing_path_is_answered_before_the_clients_sync_time(make_sim: MakeSim) -> None:
+    """Poseidon's template restarts a task 15 s after deciding to, so with
+    nothing in flight the 424 needs no wait for the client's report (2 s
+    here)."""
+    sim = make_sim(client_sync_ms=2000.0)
+    env = Environment(id=13, image="python:3.12", prewarming_pool_size=1)
+    with filled_controller(sim, env) as c:
+        runner = c.claims.claim(env.id, timeout_s=0)
+        api = TestClient(
+            create_app(
+                c.pools,
+                execution=executions(c.pools, None, ExecutionSettings(client_sync_s=2.1)),
+                file_service=Files(ExecClient(address=sim.address), c.metrics),
+            )
+        )
+        started = time.monotonic()
+        answer = api.get(f"/api/v1/runners/{runner.id}/files/raw?path=nothing-here")
+        took = time.monotonic() - started
+    assert answer.status_code == 424, (answer.status_code, answer.text)
+    assert took < 2.1, took
 
 
 def test_a_read_after_a_restart_is_410_when_nomad_reads_lag_briefly(make_sim: MakeSim) -> None:

@@ -18,6 +18,7 @@ from controller.dataplane.runners import (
     Ended,
     Unrecorded,
     Unusable,
+    believed_at_once,
     nothing_in_flight,
     read_times,
 )
@@ -318,10 +319,34 @@ def claimed(one: OneRunner) -> tuple[str, Claim]:
     return runner_id, view.job.claim
 
 
-async def test_a_missing_path_is_believed_after_one_read_once_the_client_reported(
+async def test_a_missing_path_is_believed_at_once_when_a_restart_gives_notice(
+    one: OneRunner,
+) -> None:
+    """The runner's template restarts a task 15 s after deciding to, and its
+    client reports the decision within the sync time: a restart before the
+    exec would already show, so one read at once decides."""
+    runner_id, claim = claimed(one)
+    pools = Rereads(one.controller.pools)
+    runners = ClaimedRunners(cast(Pools, pools), settle_s=0.85, client_sync_s=5.0)
+    loop = asyncio.get_running_loop()
+    since = loop.time()
+    assert await runners.looked(runner_id, Look.QUIET, since) is None
+    assert loop.time() - since < 1.0, "not the sync time"
+    assert pools.rereads == 0, "no settle"
+    assert one.nomad.reads.count(f"get_allocation {claim.alloc_id}") == 1
+
+
+def restart_delay(one: OneRunner, runner_id: str, delay_ns: int) -> None:
+    """The runner's job restarts its task `delay_ns` after deciding to."""
+    policy = one.nomad.specs[runner_id]["TaskGroups"][0]["RestartPolicy"]
+    policy["Delay"] = delay_ns
+
+
+async def test_a_missing_path_waits_for_the_client_when_a_restart_gives_less_notice(
     one: OneRunner,
 ) -> None:
     runner_id, claim = claimed(one)
+    restart_delay(one, runner_id, 10_000_000)  # 10 ms: shorter than the sync
     pools = Rereads(one.controller.pools)
     runners = ClaimedRunners(cast(Pools, pools), settle_s=0.85, client_sync_s=0.05)
     loop = asyncio.get_running_loop()
@@ -330,7 +355,41 @@ async def test_a_missing_path_is_believed_after_one_read_once_the_client_reporte
     # Not before the client could have reported what happened before the exec.
     assert loop.time() - since >= 0.05
     assert pools.rereads == 0, "no settle"
-    assert one.nomad.reads.count(f"get_allocation {claim.alloc_id}") == 1
+    assert one.nomad.reads.count(f"get_allocation {claim.alloc_id}") == 2
+
+
+async def test_a_restart_the_client_reports_during_the_wait_is_the_runners_loss(
+    one: OneRunner,
+) -> None:
+    runner_id, claim = claimed(one)
+    restart_delay(one, runner_id, 0)
+    pools = Rereads(one.controller.pools)
+    runners = ClaimedRunners(cast(Pools, pools), settle_s=0.1, client_sync_s=0.2)
+    loop = asyncio.get_running_loop()
+    alloc = one.nomad.allocs[claim.alloc_id]
+    # The client reports the restart 0.1 s in: after the first read, before the second.
+    loop.call_later(0.1, lambda: one.nomad.put_alloc(replace(alloc, restarts=alloc.restarts + 1)))
+    verdict = await runners.looked(runner_id, Look.QUIET, loop.time())
+    assert isinstance(verdict, Ended) and verdict.reason is LossReason.RESTARTED
+    assert one.nomad.reads.count(f"get_allocation {claim.alloc_id}") == 2
+
+
+@pytest.mark.parametrize(
+    ("alloc", "sync_s", "at_once"),
+    [
+        (replace(RUNNING, restart_notice_ns=15 * 10**9), 0.25, True),
+        (replace(RUNNING, restart_notice_ns=250_000_000), 0.25, True),  # exactly the sync
+        (replace(RUNNING, restart_notice_ns=100_000_000), 0.25, False),  # less notice
+        (replace(RUNNING, restart_notice_ns=0), 0.0, True),  # a client that reports at once
+        (RUNNING, 0.25, False),  # read without its job: the notice is unknown
+        (replace(RUNNING, restarts=2, restart_notice_ns=15 * 10**9), 0.25, False),  # restarted
+        (None, 0.25, False),
+    ],
+)
+def test_believed_at_once_needs_nothing_in_flight_and_enough_notice(
+    alloc: Allocation | None, sync_s: float, at_once: bool
+) -> None:
+    assert believed_at_once(alloc, CLAIMED, sync_s) is at_once
 
 
 async def test_a_missing_path_after_a_restart_nomad_shows_is_the_runners_loss(

@@ -388,3 +388,107 @@ def test_job_stub_of_the_docs_sample_lacks_fields() -> None:
         52,
     )
     assert (stub.submit_time, stub.stop, stub.status, stub.type) == (0, False, "pending", "service")
+
+
+# -- how much notice a restart gives (a full Allocation with its Job) -------------------
+
+FAIL_15S = {"Attempts": 3, "Interval": 3600 * SECOND, "Delay": 15 * SECOND, "Mode": "fail"}
+
+
+def with_job(group: dict[str, Any], name: str = "default-group") -> dict[str, Any]:
+    """A full allocation of the group `name` whose job holds `group`."""
+    return {"ID": "a", "TaskGroup": name, "Job": {"TaskGroups": [{"Name": name, **group}]}}
+
+
+def task(**fields: Any) -> dict[str, Any]:
+    return {"Name": "default-task", "Driver": "docker", **fields}
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "notice"),
+    [
+        ("a list stub or event payload carries no job", {"ID": "a"}, None),
+        ("the allocation's group is not in its job", with_job({}) | {"TaskGroup": "x"}, None),
+        (
+            "the group's policy (Poseidon's template: 15 s)",
+            with_job({"RestartPolicy": FAIL_15S, "Tasks": [task()]}),
+            15 * SECOND,
+        ),
+        (
+            "a task's own policy wins over its group's",
+            with_job(
+                {
+                    "RestartPolicy": FAIL_15S,
+                    "Tasks": [task(RestartPolicy=FAIL_15S | {"Delay": SECOND})],
+                }
+            ),
+            SECOND,
+        ),
+        (
+            "the shortest over the tasks",
+            with_job(
+                {
+                    "RestartPolicy": FAIL_15S,
+                    "Tasks": [task(), task(RestartPolicy=FAIL_15S | {"Delay": 2 * SECOND})],
+                }
+            ),
+            2 * SECOND,
+        ),
+        (
+            "mode delay past its attempts waits only until the interval ends",
+            with_job({"RestartPolicy": FAIL_15S | {"Mode": "delay"}, "Tasks": [task()]}),
+            0,
+        ),
+        (
+            "no attempts: the task never restarts",
+            with_job({"RestartPolicy": FAIL_15S | {"Attempts": 0}, "Tasks": [task()]}),
+            2**63 - 1,
+        ),
+        (
+            "a template re-rendered restarts its task at once (restart is the default)",
+            with_job({"RestartPolicy": FAIL_15S, "Tasks": [task(Templates=[{"DestPath": "x"}])]}),
+            0,
+        ),
+        (
+            "a template that only signals does not restart",
+            with_job(
+                {
+                    "RestartPolicy": FAIL_15S,
+                    "Tasks": [task(Templates=[{"ChangeMode": "signal"}])],
+                }
+            ),
+            15 * SECOND,
+        ),
+        (
+            "a check's check_restart restarts at once",
+            with_job(
+                {
+                    "RestartPolicy": FAIL_15S,
+                    "Tasks": [task(Services=[{"Checks": [{"CheckRestart": {"Limit": 3}}]}])],
+                }
+            ),
+            0,
+        ),
+        (
+            "a group service's check_restart too",
+            with_job(
+                {
+                    "RestartPolicy": FAIL_15S,
+                    "Services": [{"CheckRestart": {"Limit": 1}}],
+                    "Tasks": [task()],
+                }
+            ),
+            0,
+        ),
+    ],
+)
+def test_restart_notice_comes_from_the_job_the_allocation_runs(
+    name: str, raw: dict[str, Any], notice: int | None
+) -> None:
+    assert decode_allocation(raw).restart_notice_ns == notice, name
+
+
+def test_restart_notice_is_not_part_of_an_allocations_identity() -> None:
+    full = decode_allocation(with_job({"RestartPolicy": FAIL_15S, "Tasks": [task()]}))
+    assert full.restart_notice_ns == 15 * SECOND
+    assert full == decode_allocation({"ID": "a"})

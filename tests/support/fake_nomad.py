@@ -373,9 +373,17 @@ class FakeNomad:
             self.before_list_allocations()
 
     def get_allocation(self, alloc_id: str) -> Allocation | None:
+        """The full allocation: with the job it runs, as Nomad reads it."""
         self.reads.append(f"get_allocation {alloc_id}")
         alloc = self.allocs.get(alloc_id)
-        return self._answer(alloc) if alloc is not None else None
+        if alloc is None:
+            return None
+        self._answer(alloc)
+        raw = allocation_json(alloc)
+        spec = self.specs.get(alloc.job_id)
+        if spec is not None:
+            raw.update(Job=spec, TaskGroup=jobs.RUNNER_GROUP)
+        return decode_allocation(raw)
 
     # -- ScopedLists ------------------------------------------------------------------------
 
