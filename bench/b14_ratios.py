@@ -73,10 +73,13 @@ from bench.common import (
 )
 from controller.model import Claim, Environment
 from controller.nomad import jobs
-from tests.support.processes import ChildProcess, child_processes
+from tests.support.controller import start_controller_process
+from tests.support.processes import ChildProcess, child_processes, python_module
 
 ENV_ID = 1
 BARE_PREFIX = "bare-"
+# The jobs bench.floorproc writes (the controller ignores them too).
+FLOOR_PREFIX = "floor-"
 NAMESPACE = "default"
 CLIENTS = 50
 CLAIM_RATE = 100.0
@@ -269,11 +272,11 @@ class BareJobs:
     """Runner-layout jobs the controller ignores, split among the clients:
     each client writes only its own, one after the other."""
 
-    def __init__(self, sim: Http, count: int) -> None:
+    def __init__(self, sim: Http, count: int, prefix: str = BARE_PREFIX) -> None:
         self.sim = sim
         env = bare_environment()
         template = jobs.template_job(env)
-        self.ids = [f"{BARE_PREFIX}{uuid.uuid4()}" for _ in range(count)]
+        self.ids = [f"{prefix}{uuid.uuid4()}" for _ in range(count)]
         for job_id in self.ids:
             sim.json("PUT", "/v1/jobs", {"Job": jobs.runner_job(template, env, job_id)})
         self.parts: dict[str, tuple[bytes, bytes, bytes]] = {}
@@ -407,6 +410,8 @@ class Bench:
         self.gc: dict[str, list[dict[str, float | None]]] = {}
         self.sim_gc: dict[str, list[dict[str, float | None]]] = {}
         self.no_refill = False
+        # bench.floorproc: the claim's HTTP stack and write with no controller.
+        self.floor: tuple[ChildProcess, Http] | None = None
 
     @contextlib.contextmanager
     def refill_off(self) -> Iterator[None]:
@@ -434,11 +439,15 @@ class Bench:
         """`run`, with the controller's and the simulator's CPU over it and
         the requests that succeeded added to `what`."""
         ctl, sim = self.ctl.cpu_s(), self.sim_proc.cpu_s()
+        floor = self.floor[0] if self.floor is not None else None
+        floor_cpu = floor.cpu_s() if floor is not None else 0.0
         gc0, sim_gc0 = gc_pauses(self.api), sim_gc_pauses(self.sim)
         load = run()
         tally = self.cpu.setdefault(what, {"controller_s": 0.0, "simulator_s": 0.0, "units": 0})
         tally["controller_s"] += self.ctl.cpu_s() - ctl
         tally["simulator_s"] += self.sim_proc.cpu_s() - sim
+        if floor is not None:
+            tally["floor_s"] = tally.get("floor_s", 0.0) + floor.cpu_s() - floor_cpu
         tally["units"] += len(load.latencies)
         self.gc.setdefault(what, []).append(gc_pauses_between(gc0, gc_pauses(self.api)))
         self.sim_gc.setdefault(what, []).append(gc_pauses_between(sim_gc0, sim_gc_pauses(self.sim)))
@@ -450,6 +459,7 @@ class Bench:
         return {
             "controller": tally["controller_s"] * 1000 / units if units else None,
             "simulator": tally["simulator_s"] * 1000 / units if units else None,
+            "floor": tally.get("floor_s", 0.0) * 1000 / units if units else None,
         }
 
     # claims
@@ -457,9 +467,16 @@ class Bench:
     def claim(self, k: int, i: int) -> bool:
         return self.api.request("POST", "/api/v1/runners", CLAIM)[0] == 200
 
+    def floor_claim(self, k: int, i: int) -> bool:
+        assert self.floor is not None
+        return self.floor[1].request("POST", "/api/v1/runners", CLAIM)[0] == 200
+
     def claim_phases(self, bare: BareJobs) -> dict[str, list[Load]]:
         s = self.scale
-        out: dict[str, list[Load]] = {"open": [], "open_bare": [], "closed": [], "closed_bare": []}
+        phases = ("open", "open_bare", "open_floor", "closed", "closed_bare", "closed_floor")
+        out: dict[str, list[Load]] = {k: [] for k in phases}
+        assert self.floor is not None
+        floor = self.floor[1]
 
         def write(k: int, i: int) -> bool:
             mine = bare.of(k, CLIENTS)
@@ -472,12 +489,16 @@ class Bench:
         def writes_open() -> Load:
             return open_loop(CLIENTS, CLAIM_RATE, s.open_s, write, self.sim)
 
+        def floor_open() -> Load:
+            return open_loop(CLIENTS, CLAIM_RATE, s.open_s, self.floor_claim, floor)
+
         for _ in range(s.rounds):
             self.quiet()
             out["open"].append(self.metered("claims", claims_open))
             self.quiet()
             bare.prepare()
             out["open_bare"].append(self.metered("bare writes", writes_open))
+            out["open_floor"].append(self.metered("floor claims", floor_open))
         for _ in range(s.rounds):
             self.quiet()
             # Never more claims than the pool holds (an empty pool answers at once).
@@ -487,6 +508,9 @@ class Bench:
             self.quiet()
             bare.prepare()
             out["closed_bare"].append(closed_loop(CLIENTS, s.closed_s, 10**9, write, self.sim))
+            out["closed_floor"].append(
+                closed_loop(CLIENTS, s.closed_s, 10**9, self.floor_claim, floor)
+            )
         return out
 
     # executions
@@ -557,8 +581,9 @@ def run(
         sim_proc, sim = start_sim(procs, startup_delay_s=0.05, stop_delay_s=0.05)
         sim.json("POST", "/_bench/seed", {"env_id": ENV_ID, "runners": s.pool, "pool": s.pool})
         bare = BareJobs(sim, s.bare_jobs)
+        BareJobs(sim, s.bare_jobs, FLOOR_PREFIX)
         wait_for(
-            lambda: sim.json("GET", "/_bench/status")["running"] >= s.pool + s.bare_jobs,
+            lambda: sim.json("GET", "/_bench/status")["running"] >= s.pool + 2 * s.bare_jobs,
             timeout=300,
             what="seeded runners running",
         )
@@ -574,6 +599,13 @@ def run(
             tree=tree,
         )
         bench = Bench(s, sim_proc, sim, ctl_proc, api)
+        floor_proc = start_controller_process(
+            procs,
+            sim.address,
+            {"BENCH_FLOOR_PREFIX": FLOOR_PREFIX},
+            argv=python_module("bench.floorproc"),
+        )
+        bench.floor = (floor_proc, Http(floor_proc.address))
         bench.no_refill = no_refill
         bench.quiet()
         closed_loop(1, 60.0, 20, bench.claim)  # warm-up, not recorded
@@ -687,6 +719,23 @@ def figures(
         ">= 0.5",
         note=f"{_n(rate)} vs {_n(bare_rate)} /s",
     )
+    # The floor (bench.floorproc): the claim's HTTP stack and write, no controller.
+    floor = pooled(claims["open_floor"])
+    bare = pooled(claims["open_bare"])
+    for p in (50, 99):
+        result.add(
+            f"floor: claim p{p} through FastAPI + uvicorn + the write alone ÷ bare write p{p}",
+            ratio(ms(floor, p), ms(bare, p)),
+            "×",
+            note=f"{_ms(ms(floor, p))} vs {_ms(ms(bare, p))} ms",
+        )
+    floor_rate = median([x.facts()["per_s"] or 0.0 for x in claims["closed_floor"]])
+    result.add(
+        "floor: claims/s through FastAPI + uvicorn + the write alone ÷ bare writes/s",
+        ratio(floor_rate, bare_rate),
+        "×",
+        note=f"{_n(floor_rate)} vs {_n(bare_rate)} /s",
+    )
     ctl, bare = pooled(execs["open"]), pooled(execs["open_bare"])
     at = f"{EXEC_RATE:.0f}/s on {EXEC_RUNNERS} runners"
     for p in (50, 99):
@@ -730,6 +779,13 @@ def figures(
     )
     result.add(
         "processes per execution − per bare exec", through["per_run"] - direct["per_run"], ""
+    )
+    floor_cpu = cpu.get("floor claims") or {}
+    result.add(
+        "floor: CPU per claim of FastAPI + uvicorn + the write alone",
+        floor_cpu.get("floor"),
+        "ms",
+        note=f"simulator {_ms(floor_cpu.get('simulator'))} ms",
     )
     for what, unit, bare_what, bare_unit in (
         ("claims", "claim", "bare writes", "bare write"),

@@ -1,6 +1,7 @@
 """The benchmark harness's own arithmetic: targets judged, percentiles, the
-JSON each benchmark writes and the table. The benchmarks themselves run with
-`make bench` and never in the test suite (they report, they do not fail)."""
+JSON each benchmark writes and the table, and the floor `ratios` measures
+claims against. The benchmarks themselves run with `make bench` and never in
+the test suite (they report, they do not fail)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import random
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
-from bench import b14_ratios
+from bench import b14_ratios, floorproc
 from bench import profile as bench_profile
 from bench.b7_files import StreamedUpload, submission
 from bench.common import (
     Figure,
+    Http,
     Result,
     machine,
     metric_sum,
@@ -26,6 +29,9 @@ from bench.common import (
     write_result,
 )
 from controller.nomad import jobs
+from controller.nomad.aclient import AsyncJobWriter
+from controller.nomad.connection import NomadConnection
+from nomadsim import SimServer
 
 
 @pytest.mark.parametrize(
@@ -151,3 +157,23 @@ def test_a_bare_claim_write_is_the_register_a_claim_makes_with_its_time_and_inde
     # A runner id names an environment; the bare jobs' ids do not, so the
     # controller leaves them alone.
     assert jobs.env_id_of(body["Job"]["ID"]) is None
+
+
+def test_the_floor_serves_claims_with_the_controllers_stack_and_write(sim: SimServer) -> None:
+    """bench.floorproc, in process over the simulator: a claim is the
+    controller's body model, the register with the claim in the job's meta
+    (EnforceIndex with the index the last write answered), the answer model."""
+    nomad = Http(sim.address)
+    b14_ratios.BareJobs(nomad, 2, b14_ratios.FLOOR_PREFIX)
+    free = floorproc.read_jobs(sim.address, b14_ratios.FLOOR_PREFIX)
+    writer = AsyncJobWriter(NomadConnection(address=sim.address), connections=2)
+    with TestClient(floorproc.app(writer, free)) as api:
+        answers = [api.post("/api/v1/runners", json=b14_ratios.CLAIM) for _ in range(3)]
+        refused = api.post("/api/v1/runners", json={"executionEnvironmentId": "x"})
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+    assert refused.status_code == 400, refused.text
+    ids = [a.json()["runnerId"] for a in answers]
+    assert ids[0] == ids[2] != ids[1]  # handed back after its write, taken again
+    for job_id in set(ids):
+        spec = nomad.json("GET", f"/v1/job/{job_id}")
+        assert jobs.runner_from_job(spec, b14_ratios.ENV_ID).claim is not None, spec
