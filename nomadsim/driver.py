@@ -192,13 +192,21 @@ def exit_frame(code: int) -> str:
 
 
 def _default_signals() -> None:
-    # Runs in the child between fork and exec. A command starts with the
-    # default dispositions, as under a Nomad agent started normally, even
-    # when the simulator was started with SIGINT and SIGQUIT ignored (a
-    # background job of a shell), which exec would pass on: Ctrl-\ on the
-    # terminal must still end the foreground process.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    # Runs in the child between fork and exec. A command starts as Docker
+    # starts it: every signal at its default disposition and none blocked,
+    # whatever the simulator's process ignores or its thread blocks, which
+    # fork and exec would pass on — SIGINT and SIGQUIT ignored (a background
+    # job of a shell: Ctrl-\ on the terminal must still end the foreground
+    # process), SIGHUP ignored (started under nohup: a terminal's hangup
+    # must still end what runs on it).
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):  # the C library's own real-time signals
+            continue
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 
 @dataclass(frozen=True)

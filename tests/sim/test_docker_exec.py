@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -196,6 +197,23 @@ def test_a_tty_exec_is_a_session_whose_hangup_reaches_it_and_setsid_outlives_it(
     wait_until(lambda: not alive(grouped))
     assert alive(detached)
     os.kill(detached, 9)
+
+
+def test_a_command_starts_with_default_signals_whatever_the_simulator_ignores(
+    sim: tuple[SimServer, str],
+):
+    """A simulator started under nohup ignores SIGHUP, and fork and exec pass
+    that on: the hangup above then never ends the foreground group. A Docker
+    exec starts every command with default dispositions and nothing blocked."""
+    server, alloc_id = sim
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        status = out(server, alloc_id, "grep -E '^Sig(Ign|Blk):' /proc/self/status")
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    masks = {line.split(":")[0]: int(line.split()[1], 16) for line in status.splitlines()}
+    assert masks["SigIgn"] & (1 << (signal.SIGHUP - 1)) == 0, status
+    assert masks["SigBlk"] == 0, status
 
 
 # -- Docker's stdin rule ---------------------------------------------------------------
