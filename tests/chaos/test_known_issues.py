@@ -252,35 +252,30 @@ class _Constant(random.Random):
         return self.value
 
 
+@pytest.mark.parametrize(
+    ("client_sync_ms", "env_id"),
+    [
+        # The restart delay (1 s) is shorter than the sync: a restart before
+        # the exec may not show yet, so the read is made the sync time after
+        # the exec was opened. Trusting a read at once answers 424.
+        pytest.param(2000.0, 11, id="less-notice-than-the-sync-waits-for-it"),
+        # The delay is longer than the sync: the restart was reported before
+        # the task ran again, so the one read at once already shows it.
+        pytest.param(500.0, 12, id="notice-shows-at-once"),
+    ],
+)
 def test_a_read_before_the_client_reported_the_restart_answers_410_not_424(
-    make_sim: MakeSim,
+    make_sim: MakeSim, client_sync_ms: float, env_id: int
 ) -> None:
     """A Nomad client reports an allocation's change up to its sync time
-    later (200 ms, then the server's 50 ms batch; 2 s here). With a restart
-    delay shorter than that (1 s, an operator's template), a restart before
-    the exec may not show yet: the missing path is believed only after a
-    read of the allocation made that long after the exec was opened, which
-    shows the restart. Trusting a read at once answers 424 from the fresh
-    file system."""
-    sim = make_sim(client_sync_ms=2000.0)
-    env = Environment(id=11, image="python:3.12", prewarming_pool_size=1)
-    with marker_after_a_restart(
-        sim, env, ExecutionSettings(client_sync_s=2.1), restarting_after(env, 1.0)
-    ) as (api, raw, _):
-        answer = api.get(raw)
-    assert answer.status_code == 410, (answer.status_code, answer.text)
-    assert "restarted" in answer.json()["message"]
-
-
-def test_a_restart_that_gives_notice_shows_before_the_read_at_once(make_sim: MakeSim) -> None:
-    """A restart its policy makes is reported when it is decided, and the
-    task runs again only after the policy's delay (1 s here; the sync
-    0.5 s): the one read at once after a missing path already shows it."""
-    sim = make_sim(client_sync_ms=500.0)
-    env = Environment(id=12, image="python:3.12", prewarming_pool_size=1)
-    with marker_after_a_restart(
-        sim, env, ExecutionSettings(client_sync_s=0.55), restarting_after(env, 1.0)
-    ) as (api, raw, _):
+    later (200 ms, then the server's 50 ms batch), and a restart its policy
+    makes is reported when it is decided, before the policy's delay (1 s
+    here, an operator's template) runs the task again: either way a read
+    that met the fresh file system is the runner's loss, never a 424."""
+    sim = make_sim(client_sync_ms=client_sync_ms)
+    env = Environment(id=env_id, image="python:3.12", prewarming_pool_size=1)
+    settings = ExecutionSettings(client_sync_s=client_sync_ms / 1000 + 0.05)
+    with marker_after_a_restart(sim, env, settings, restarting_after(env, 1.0)) as (api, raw, _):
         answer = api.get(raw)
     assert answer.status_code == 410, (answer.status_code, answer.text)
     assert "restarted" in answer.json()["message"]
