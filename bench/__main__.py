@@ -95,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         "(a diagnostic: what a claim costs without the refill it causes)",
     )
     parser.add_argument(
+        "--follower",
+        action="store_true",
+        help="ratios: two replicas with leader election; the claims and executions go to the "
+        "follower while the leader keeps the pool up (bench/results/ratios_follower.json)",
+    )
+    parser.add_argument(
         "--setting",
         action="append",
         default=[],
@@ -107,14 +113,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         benchmarks["claims"] = lambda quick: [b1_claims.run(quick, profile=True)]
         benchmarks["executions"] = lambda quick: [b6_executions.run(quick, profile=True)]
+    if args.follower and args.no_refill:
+        parser.error(
+            "--no-refill switches the refill of the replica the clients talk to: not "
+            "with --follower, where the leader refills"
+        )
     settings = dict(s.split("=", 1) for s in args.setting if "=" in s)
     if len(settings) != len(args.setting) or any(not name.startswith("NRC_") for name in settings):
         parser.error("--setting takes NRC_NAME=VALUE")
-    if args.controller_tree is not None or args.label or args.no_refill or settings:
+    if (
+        args.controller_tree is not None
+        or args.label
+        or args.no_refill
+        or args.follower
+        or settings
+    ):
         if args.names and args.names != ["ratios"]:
             parser.error(
-                "--controller-tree, --label, --no-refill and --setting are options of the "
-                "ratios benchmark only"
+                "--controller-tree, --label, --no-refill, --follower and --setting are options "
+                "of the ratios benchmark only"
             )
         names = ["ratios"]
         tree = args.controller_tree.resolve() if args.controller_tree is not None else None
@@ -122,7 +139,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--controller-tree: no bench/ctlproc.py under {tree}")
         benchmarks["ratios"] = lambda quick: [
             b14_ratios.run(
-                quick, tree=tree, label=args.label, no_refill=args.no_refill, settings=settings
+                quick,
+                tree=tree,
+                label=args.label,
+                no_refill=args.no_refill,
+                settings=settings,
+                follower=args.follower,
             )
         ]
     if args.trace:

@@ -74,6 +74,7 @@ from bench.common import (
 from controller.model import Claim, Environment
 from controller.nomad import jobs
 from tests.support.controller import start_controller_process
+from tests.support.ports import free_port
 from tests.support.processes import ChildProcess, child_processes, python_module
 
 ENV_ID = 1
@@ -412,6 +413,9 @@ class Bench:
         self.no_refill = False
         # bench.floorproc: the claim's HTTP stack and write with no controller.
         self.floor: tuple[ChildProcess, Http] | None = None
+        # `--follower`: the replica that leads and keeps the pool up, while
+        # the clients talk to `ctl`, a follower.
+        self.leader: ChildProcess | None = None
 
     @contextlib.contextmanager
     def refill_off(self) -> Iterator[None]:
@@ -441,6 +445,7 @@ class Bench:
         ctl, sim = self.ctl.cpu_s(), self.sim_proc.cpu_s()
         floor = self.floor[0] if self.floor is not None else None
         floor_cpu = floor.cpu_s() if floor is not None else 0.0
+        leader_cpu = self.leader.cpu_s() if self.leader is not None else 0.0
         gc0, sim_gc0 = gc_pauses(self.api), sim_gc_pauses(self.sim)
         load = run()
         tally = self.cpu.setdefault(what, {"controller_s": 0.0, "simulator_s": 0.0, "units": 0})
@@ -448,6 +453,8 @@ class Bench:
         tally["simulator_s"] += self.sim_proc.cpu_s() - sim
         if floor is not None:
             tally["floor_s"] = tally.get("floor_s", 0.0) + floor.cpu_s() - floor_cpu
+        if self.leader is not None:
+            tally["leader_s"] = tally.get("leader_s", 0.0) + self.leader.cpu_s() - leader_cpu
         tally["units"] += len(load.latencies)
         self.gc.setdefault(what, []).append(gc_pauses_between(gc0, gc_pauses(self.api)))
         self.sim_gc.setdefault(what, []).append(gc_pauses_between(sim_gc0, sim_gc_pauses(self.sim)))
@@ -460,6 +467,7 @@ class Bench:
             "controller": tally["controller_s"] * 1000 / units if units else None,
             "simulator": tally["simulator_s"] * 1000 / units if units else None,
             "floor": tally.get("floor_s", 0.0) * 1000 / units if units else None,
+            "leader": tally["leader_s"] * 1000 / units if units and "leader_s" in tally else None,
         }
 
     # claims
@@ -563,7 +571,9 @@ def run(
     label: str = "",
     no_refill: bool = False,
     settings: Mapping[str, str] | None = None,
+    follower: bool = False,
 ) -> Result:
+    label = label or ("follower" if follower else "")
     name = f"ratios_{label}" if label else "ratios"
     commit = git_commit(tree) if tree is not None else ""
     title = "The controller's cost as ratios to the bare Nomad work it asks for"
@@ -576,6 +586,7 @@ def run(
         "controller_commit": commit,
         "settings": dict(settings or {}),
         "no_refill": no_refill,
+        "follower": follower,
     }
     with child_processes() as procs:
         sim_proc, sim = start_sim(procs, startup_delay_s=0.05, stop_delay_s=0.05)
@@ -588,17 +599,25 @@ def run(
             what="seeded runners running",
         )
         setuser = sim.json("GET", "/_bench/status")["setuser"]
-        ctl_proc, api = start_ctlproc(
-            procs,
-            sim.address,
-            {
-                "NRC_EXEC_UNPRIVILEGED_WRAPPER": f"{setuser} user",
-                **({"BENCH_NO_REFILL": "1"} if no_refill else {}),
-                **dict(settings or {}),
-            },
-            tree=tree,
-        )
+        ctl_settings = {
+            "NRC_EXEC_UNPRIVILEGED_WRAPPER": f"{setuser} user",
+            **({"BENCH_NO_REFILL": "1"} if no_refill else {}),
+            **dict(settings or {}),
+        }
+        leader: ChildProcess | None = None
+        if follower:
+            first, _ = start_replica(procs, sim.address, ctl_settings, tree)
+            wait_for(lambda: role(first) == "leader", timeout=60, what="the first replica leads")
+            leader = first
+            ctl_proc, api = start_replica(procs, sim.address, ctl_settings, tree)
+            if role(ctl_proc) != "follower":
+                raise RuntimeError(
+                    "the second replica leads: the claims would not go to a follower"
+                )
+        else:
+            ctl_proc, api = start_ctlproc(procs, sim.address, ctl_settings, tree=tree)
         bench = Bench(s, sim_proc, sim, ctl_proc, api)
+        bench.leader = leader
         floor_proc = start_controller_process(
             procs,
             sim.address,
@@ -646,6 +665,15 @@ def run(
             "ms",
             note=f"{count:.0f} in {len(collections)} phases ({source})",
         )
+    if follower:
+        leader_cpu = cpu.get("claims", {}).get("leader")
+        result.add(
+            "leader replica's CPU per claim (it refills the pool the claims empty)",
+            leader_cpu,
+            "ms",
+            note="the claims and executions went to the other replica, a follower",
+        )
+        result.title += " (claims and executions through a follower; the leader keeps the pool up)"
     if no_refill:
         # A diagnostic: no pool is refilled, so no goal applies.
         for figure in result.figures:
@@ -658,6 +686,24 @@ def run(
             figure.target = ""
         result.title += " (quick: goals not judged)"
     return result
+
+
+def start_replica(
+    procs: list[ChildProcess], nomad: str, settings: Mapping[str, str], tree: Path | None
+) -> tuple[ChildProcess, Http]:
+    """One controller replica with leader election on (`--follower`)."""
+    port = free_port()
+    election = {
+        "NRC_LEADER_ELECTION": "true",
+        "NRC_API_ADVERTISE_URL": f"http://127.0.0.1:{port}",
+        "NRC_REPLICA_SECRET": "bench-replica-secret-0123456789abcdef",
+    }
+    return start_ctlproc(procs, nomad, {**election, **settings}, tree=tree, port=port)
+
+
+def role(replica: ChildProcess) -> str:
+    """`leader` or `follower`, as the replica's /readyz says."""
+    return str(Http(replica.address).json("GET", "/readyz").get("role"))
 
 
 def untouched_by_controller(sim: Http, bare: BareJobs) -> bool:

@@ -223,6 +223,7 @@ def start_ctlproc(
     env: Mapping[str, str] | None = None,
     timeout: float = 120.0,
     tree: Path | None = None,
+    port: int | None = None,
 ) -> tuple[ChildProcess, Http]:
     """The controller service in its own process (see bench.ctlproc); returns
     once its API answers and it has observed Nomad. With `tree`, the
@@ -240,6 +241,7 @@ def start_ctlproc(
         argv=python_module("bench.ctlproc"),
         timeout=timeout,
         cwd=tree,
+        port=port,
     )
     return proc, Http(proc.address)
 

@@ -1,7 +1,8 @@
 """The benchmark harness's own arithmetic: targets judged, percentiles, the
-JSON each benchmark writes and the table, and the floor `ratios` measures
-claims against. The benchmarks themselves run with `make bench` and never in
-the test suite (they report, they do not fail)."""
+JSON each benchmark writes and the table, the floor `ratios` measures
+claims against and its replicas for `--follower`. The benchmarks themselves
+run with `make bench` and never in the test suite (they report, they do not
+fail)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ from controller.nomad import jobs
 from controller.nomad.aclient import AsyncJobWriter
 from controller.nomad.connection import NomadConnection
 from nomadsim import SimServer
+from tests.helpers import wait_until
+from tests.support.processes import child_processes
 
 
 @pytest.mark.parametrize(
@@ -177,3 +180,16 @@ def test_the_floor_serves_claims_with_the_controllers_stack_and_write(sim: SimSe
     for job_id in set(ids):
         spec = nomad.json("GET", f"/v1/job/{job_id}")
         assert jobs.runner_from_job(spec, b14_ratios.ENV_ID).claim is not None, spec
+
+
+def test_ratios_follower_talks_to_a_replica_that_does_not_lead(sim: SimServer) -> None:
+    """`ratios --follower`: two replicas with leader election on over one
+    Nomad; the first leads once elected and the second, started after it,
+    follows, so the clients' requests reach a replica that does no upkeep."""
+    with child_processes() as procs:
+        first, _ = b14_ratios.start_replica(procs, sim.address, {}, None)
+        wait_until(lambda: b14_ratios.role(first) == "leader", timeout=30)
+        second, api = b14_ratios.start_replica(procs, sim.address, {}, None)
+        assert b14_ratios.role(second) == "follower"
+        assert api.json("GET", "/readyz")["role"] == "follower"
+        assert b14_ratios.role(first) == "leader"
