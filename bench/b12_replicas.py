@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 from websockets.sync.client import connect
 
-from bench.common import Http, Result, idle_runners, start_sim, wait_for
+from bench.common import Http, Result, idle_runners, replica_settings, start_sim, wait_for
 from tests.support.balancer import Balancer
 from tests.support.controller import start_controller_process
 from tests.support.ports import free_port
@@ -218,11 +218,9 @@ def load(address: str, shape: Shape) -> Iterator[Tally]:
 def replica(procs: list[ChildProcess], nomad: str) -> ChildProcess:
     port = free_port()
     settings = {
-        "NRC_LEADER_ELECTION": "true",
+        **replica_settings(port),
         "NRC_LEADER_TTL": "10s",
         "NRC_SHUTDOWN_GRACE": "20s",
-        "NRC_API_ADVERTISE_URL": f"http://127.0.0.1:{port}",
-        "NRC_REPLICA_SECRET": "bench-replica-secret-0123456789abcdef",
         "NRC_LOG_LEVEL": "WARNING",
         "NRC_LOG_FORMAT": "text",
     }

@@ -65,6 +65,7 @@ from bench.common import (
     git_commit,
     idle_runners,
     percentile,
+    replica_settings,
     sim_gc_pauses,
     start_ctlproc,
     start_sim,
@@ -693,12 +694,7 @@ def start_replica(
 ) -> tuple[ChildProcess, Http]:
     """One controller replica with leader election on (`--follower`)."""
     port = free_port()
-    election = {
-        "NRC_LEADER_ELECTION": "true",
-        "NRC_API_ADVERTISE_URL": f"http://127.0.0.1:{port}",
-        "NRC_REPLICA_SECRET": "bench-replica-secret-0123456789abcdef",
-    }
-    return start_ctlproc(procs, nomad, {**election, **settings}, tree=tree, port=port)
+    return start_ctlproc(procs, nomad, {**replica_settings(port), **settings}, tree=tree, port=port)
 
 
 def role(replica: ChildProcess) -> str:

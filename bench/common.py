@@ -217,6 +217,17 @@ def start_sim(
     return proc, Http(address)
 
 
+def replica_settings(port: int) -> dict[str, str]:
+    """What a controller replica listening on `port` needs to run beside
+    others: leader election on, the address the others reach it at, and the
+    secret they share."""
+    return {
+        "NRC_LEADER_ELECTION": "true",
+        "NRC_API_ADVERTISE_URL": f"http://127.0.0.1:{port}",
+        "NRC_REPLICA_SECRET": "bench-replica-secret-0123456789abcdef",
+    }
+
+
 def start_ctlproc(
     procs: list[ChildProcess],
     nomad: str,
