@@ -60,7 +60,7 @@ from controller.reconcile.expectations import Expectations, Pending
 from controller.reconcile.heard import Heard, Mentions, Named
 from controller.reconcile.reads import TARGETED_MAX_JOBS, JobReader, template_of
 from controller.reconcile.snapshot import EMPTY, Snapshot
-from controller.reconcile.specs import CachedSpec, SpecCache
+from controller.reconcile.specs import CachedSpec, SpecCache, compact
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class Observer:
         self._full_indexes = (-1, -1)  # list indexes of the last full refresh
         # Our writes since the current refresh began: the lists it is reading
         # may predate them, so they are laid over its result (None: deleted).
-        self._writes_meanwhile: dict[str, JsonDict | None] = {}
+        self._writes_meanwhile: dict[str, tuple[JsonDict, CachedSpec] | None] = {}
         self._observed_once = False
         self.last_error: str | None = None  # why the last refresh failed; None after a success
         self.refreshes = {"full": 0, "targeted": 0, "unchanged": 0}
@@ -254,12 +254,13 @@ class Observer:
     # -- our own writes -----------------------------------------------------------
 
     def apply_spec(self, job_id: str, spec: JsonDict) -> None:
-        """A spec we just wrote (with its new JobModifyIndex)."""
-        cached = CachedSpec.of(job_id, spec)
+        """A spec we just wrote (with its new JobModifyIndex). Cached plain:
+        a claim writes on the event loop (see `controller.reconcile.specs`)."""
+        cached = CachedSpec.of(job_id, spec, compress=False)
         with self._lock:
             if not self._specs.put_if_newer(job_id, cached):
                 return
-            self._writes_meanwhile[job_id] = spec
+            self._writes_meanwhile[job_id] = (spec, cached)
             self._snapshot = _with_spec(self._snapshot, job_id, spec, cached)
 
     def remember_created(self, job_id: str, spec: JsonDict) -> None:
@@ -298,7 +299,19 @@ class Observer:
             self.last_error = str(exc) or type(exc).__name__
             raise
         self.last_error = None
+        self._compact_specs()
         return snap
+
+    def _compact_specs(self) -> None:
+        """Compress the specs our writes cached plain since the last refresh."""
+        with self._lock:
+            plain = self._specs.plain_entries()
+        if not plain:
+            return
+        compacted = compact(plain)
+        with self._lock:
+            for job_id, (old, new) in compacted.items():
+                self._specs.replace_unchanged(job_id, old, new)
 
     def _observe(self) -> Snapshot:
         started = self._clock.monotonic()
@@ -454,11 +467,11 @@ class Observer:
         writes since the refresh began laid over both (under `_lock`)."""
         for job_id, cached in specs.items():
             self._specs.put_if_newer(job_id, cached)
-        for job_id, written in self._writes_meanwhile.items():
-            if written is None:
+        for job_id, write in self._writes_meanwhile.items():
+            if write is None:
                 snap = _without(snap, job_id)
                 continue
-            cached = CachedSpec.of(job_id, written)
+            written, cached = write
             if self._specs.put_if_newer(job_id, cached):
                 snap = _with_spec(snap, job_id, written, cached)
         self._snapshot = snap

@@ -8,6 +8,12 @@ Specs are kept as compressed JSON (about 1 KB a runner instead of about
 10,000 runners. A runner job's spec is parsed once, when cached: a pass
 reads the parsed runner, a claim decodes one spec.
 
+A spec written on the event loop (a claim's) is cached as plain JSON and
+compressed later by `compact`, on the refresh's thread: zlib lets go of the
+GIL while it works, and the event loop that lets go of it mid-claim waits
+for it again behind whichever thread took it (up to the 5 ms switch
+interval) with every claim it serves.
+
 Not thread-safe on its own: the observer holds its lock around every call,
 so that a spec and the snapshot built from it change together.
 """
@@ -29,24 +35,34 @@ JsonDict = dict[str, Any]
 @dataclass(frozen=True)
 class CachedSpec:
     modify_index: int  # the spec's JobModifyIndex
-    data: bytes  # its compressed JSON
+    data: bytes  # its JSON, compressed unless `plain`
     runner: RunnerJob | None  # parsed once, for runner jobs (status comes from the list)
+    plain: bool = False  # `data` not yet compressed (see `compact`)
 
     @classmethod
-    def of(cls, job_id: str, spec: JsonDict) -> CachedSpec:
+    def of(cls, job_id: str, spec: JsonDict, *, compress: bool = True) -> CachedSpec:
         env_id = jobs.runner_env_id(job_id)
         runner = jobs.runner_from_job(spec, env_id) if env_id is not None else None
-        data = zlib.compress(json.dumps(spec, separators=(",", ":")).encode(), 1)
-        return cls(jobs.modify_index(spec), data, runner)
+        data = json.dumps(spec, separators=(",", ":")).encode()
+        if compress:
+            return cls(jobs.modify_index(spec), zlib.compress(data, 1), runner)
+        return cls(jobs.modify_index(spec), data, runner, plain=True)
 
     def decode(self) -> JsonDict:
-        spec: JsonDict = json.loads(zlib.decompress(self.data))
+        spec: JsonDict = json.loads(self.data if self.plain else zlib.decompress(self.data))
         return spec
+
+    def compressed(self) -> CachedSpec:
+        """The same entry with its JSON compressed."""
+        if not self.plain:
+            return self
+        return CachedSpec(self.modify_index, zlib.compress(self.data, 1), self.runner)
 
 
 class SpecCache:
     def __init__(self) -> None:
         self._specs: dict[str, CachedSpec] = {}
+        self._plain: set[str] = set()  # the jobs whose entry is not compressed yet
 
     def get(self, job_id: str) -> CachedSpec | None:
         return self._specs.get(job_id)
@@ -63,12 +79,34 @@ class SpecCache:
         if cached is not None and cached.modify_index > spec.modify_index:
             return False
         self._specs[job_id] = spec
+        if spec.plain:
+            self._plain.add(job_id)
+        else:
+            self._plain.discard(job_id)
         return True
 
     def drop(self, job_id: str) -> None:
         self._specs.pop(job_id, None)
+        self._plain.discard(job_id)
 
     def keep_only(self, job_ids: Collection[str]) -> None:
         """Forget every job not in `job_ids` (a full list no longer shows them)."""
         for job_id in [j for j in self._specs if j not in job_ids]:
             del self._specs[job_id]
+        self._plain &= self._specs.keys()
+
+    def plain_entries(self) -> dict[str, CachedSpec]:
+        """The entries not compressed yet (for `compact`)."""
+        return {job_id: self._specs[job_id] for job_id in self._plain}
+
+    def replace_unchanged(self, job_id: str, old: CachedSpec, new: CachedSpec) -> None:
+        """Put `new` in place of `old` unless the entry changed meanwhile."""
+        if self._specs.get(job_id) is old:
+            self._specs[job_id] = new
+            self._plain.discard(job_id)
+
+
+def compact(entries: dict[str, CachedSpec]) -> dict[str, tuple[CachedSpec, CachedSpec]]:
+    """Each plain entry with its compressed replacement (run without the
+    observer's lock; `SpecCache.replace_unchanged` installs them under it)."""
+    return {job_id: (cached, cached.compressed()) for job_id, cached in entries.items()}

@@ -97,3 +97,18 @@ def test_our_writes_during_a_refresh_are_laid_over_its_result() -> None:
     assert snap.runners[ids[0]].claimed, "a claim must never vanish under a refresh"
     assert ids[1] not in snap.runners
     assert obs.spec(ids[0]) == claimed
+
+
+def test_a_written_spec_is_cached_plain_until_the_next_refresh_compresses_it() -> None:
+    # A claim writes on the event loop, where zlib's letting go of the GIL
+    # would cost the loop a wait for it: the refresh's thread compresses.
+    gw, obs, ids = setup()
+    obs.refresh()
+    spec = jobs.with_claim(gw.specs[ids[0]], Claim(alloc_id="a0"))
+    spec["JobModifyIndex"] = gw.register_job(spec).job_modify_index
+    obs.apply_spec(ids[0], spec)
+    assert set(obs._specs.plain_entries()) == {ids[0]}
+    assert obs.spec(ids[0]) == spec
+    obs.refresh()
+    assert obs._specs.plain_entries() == {}
+    assert obs.spec(ids[0]) == spec and obs.snapshot.runners[ids[0]].claimed

@@ -8,7 +8,7 @@ import pytest
 
 from controller.model import Environment
 from controller.nomad import jobs
-from controller.reconcile.specs import CachedSpec, SpecCache
+from controller.reconcile.specs import CachedSpec, SpecCache, compact
 
 ENV = Environment(id=7, image="python:3.12", prewarming_pool_size=1)
 RUNNER = jobs.runner_job_id(7, "00000000-0000-0000-0000-000000000001")
@@ -79,3 +79,46 @@ def test_drop_and_keep_only() -> None:
     assert cache.get(RUNNER) is None and cache.get(other) is not None
     cache.drop(other)
     assert cache.get(other) is None
+
+
+def test_a_plain_entry_decodes_alike_and_compresses_to_the_same_spec() -> None:
+    template = {**jobs.template_job(ENV), "JobModifyIndex": 1}
+    runner = {**jobs.runner_job(template, ENV, RUNNER), "JobModifyIndex": 4}
+    plain = CachedSpec.of(RUNNER, runner, compress=False)
+    packed = plain.compressed()
+    assert plain.plain and not packed.plain
+    assert plain.decode() == packed.decode() == runner
+    assert len(packed.data) < len(plain.data)
+    assert packed.runner == plain.runner and packed.modify_index == 4
+    assert packed.compressed() is packed
+
+
+def test_plain_entries_are_tracked_until_compressed_replaced_or_gone() -> None:
+    cache = SpecCache()
+    other = jobs.runner_job_id(7, "00000000-0000-0000-0000-000000000002")
+    third = jobs.runner_job_id(7, "00000000-0000-0000-0000-000000000003")
+    for job_id in (RUNNER, other, third):
+        cache.put_if_newer(job_id, spec(1).compressed())
+        cache.put_if_newer(job_id, CachedSpec.of(job_id, spec(2).decode(), compress=False))
+    assert set(cache.plain_entries()) == {RUNNER, other, third}
+    cache.put_if_newer(other, spec(3))  # a read brought a newer, compressed version
+    cache.drop(third)
+    assert set(cache.plain_entries()) == {RUNNER}
+    cache.keep_only({other})
+    assert cache.plain_entries() == {}
+
+
+def test_compaction_never_replaces_an_entry_written_meanwhile() -> None:
+    cache = SpecCache()
+    cache.put_if_newer(RUNNER, CachedSpec.of(RUNNER, spec(1).decode(), compress=False))
+    compacted = compact(cache.plain_entries())
+    newer = CachedSpec.of(RUNNER, spec(2).decode(), compress=False)
+    cache.put_if_newer(RUNNER, newer)  # a claim wrote while the entries were compressed
+    for job_id, (old, new) in compacted.items():
+        cache.replace_unchanged(job_id, old, new)
+    assert cache.get(RUNNER) is newer and set(cache.plain_entries()) == {RUNNER}
+    for job_id, (old, new) in compact(cache.plain_entries()).items():
+        cache.replace_unchanged(job_id, old, new)
+    kept = cache.get(RUNNER)
+    assert kept is not None and not kept.plain and kept.modify_index == 2
+    assert cache.plain_entries() == {}
