@@ -18,12 +18,12 @@ loop when done (the service does at shutdown).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
 
 import aiohttp
+import orjson
 import tenacity
 
 from controller.nomad.client import CONNECTIONS, Outcome, register_body, write_result
@@ -79,13 +79,13 @@ class AsyncJobWriter:
 
     async def register_job(self, job: JsonDict, enforce_index: int | None = None) -> WriteResult:
         """As `NomadClient.register_job`."""
-        body = json.dumps(register_body(job, self.connection.namespace, enforce_index))
+        body = orjson.dumps(register_body(job, self.connection.namespace, enforce_index))
         async for attempt in tenacity.AsyncRetrying(**self._retry):
             with attempt:
                 return await self._attempt(body)
         raise AssertionError("tenacity re-raises the last error")
 
-    async def _attempt(self, body: str) -> WriteResult:
+    async def _attempt(self, body: bytes) -> WriteResult:
         started = time.monotonic()
         outcome: Outcome = "error"
         status = "none"
@@ -101,7 +101,7 @@ class AsyncJobWriter:
                     raise IndexConflict(text)
                 raise NomadAPIError(response.status, text)
             try:
-                answer = json.loads(text) if text else None
+                answer = orjson.loads(text) if text else None
             except ValueError:
                 raise NomadAPIError(
                     response.status, f"undecodable answer: {text[:200]!r}"

@@ -31,6 +31,7 @@ from urllib.parse import quote
 
 import nomad.api
 import nomad.api.exceptions as nomad_exc
+import orjson
 import requests
 import tenacity
 
@@ -462,7 +463,7 @@ class NomadClient:
             response = send()
             status = str(response.status_code)
             try:
-                body = response.json() if response.content else None
+                body = orjson.loads(response.content) if response.content else None
             except ValueError:
                 raise NomadAPIError(
                     response.status_code, f"undecodable answer: {response.text[:200]!r}"

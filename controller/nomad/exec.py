@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlencode, urlsplit
 
+import orjson
 import tenacity
 import websockets
 from websockets.asyncio.client import ClientConnection
@@ -184,7 +185,7 @@ def parse_frame(raw: str | bytes) -> list[ExecEvent]:
 def read_frame(raw: str | bytes) -> list[ExecEvent]:
     """parse_frame's full reading, with the JSON decoder."""
     try:
-        frame = json.loads(raw)
+        frame = orjson.loads(raw)
     except ValueError:
         raise ExecRejected(f"Nomad sent a frame that is not JSON: {raw[:80]!r}") from None
     if not isinstance(frame, dict):

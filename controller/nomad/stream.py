@@ -25,7 +25,6 @@ whose callback fails is logged and not delivered again.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import socket
 import threading
@@ -33,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import orjson
 import requests
 import urllib3.exceptions
 
@@ -190,7 +190,7 @@ class EventStream:
             if not line.strip():
                 continue  # a blank line still proves the connection alive
             try:
-                frame = json.loads(line)
+                frame = orjson.loads(line)
             except ValueError:
                 return f"malformed frame {line[:200]!r}"
             if frame == {}:

@@ -20,11 +20,12 @@ so that a spec and the snapshot built from it change together.
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from controller.model import RunnerJob
 from controller.nomad import jobs
@@ -43,13 +44,13 @@ class CachedSpec:
     def of(cls, job_id: str, spec: JsonDict, *, compress: bool = True) -> CachedSpec:
         env_id = jobs.runner_env_id(job_id)
         runner = jobs.runner_from_job(spec, env_id) if env_id is not None else None
-        data = json.dumps(spec, separators=(",", ":")).encode()
+        data = orjson.dumps(spec)
         if compress:
             return cls(jobs.modify_index(spec), zlib.compress(data, 1), runner)
         return cls(jobs.modify_index(spec), data, runner, plain=True)
 
     def decode(self) -> JsonDict:
-        spec: JsonDict = json.loads(self.data if self.plain else zlib.decompress(self.data))
+        spec: JsonDict = orjson.loads(self.data if self.plain else zlib.decompress(self.data))
         return spec
 
     def compressed(self) -> CachedSpec:

@@ -3,16 +3,19 @@ errors, namespaces, blocking queries, allocations and variable locks."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
+from controller.nomad.aclient import AsyncJobWriter
 from controller.nomad.client import NomadClient, go_duration
 from controller.nomad.connection import NomadConnection
 from controller.nomad.errors import Kind, unwrap
@@ -532,3 +535,60 @@ def test_variables_listed_by_prefix_and_deleted_with_check_and_set(
     assert client.delete_variable("nrc/leader/activity/b/0") is True
     assert client.delete_variable("nrc/leader/activity/b/0") is True  # already gone
     assert client.list_variables("nrc/leader/activity/") == ()
+
+
+class HtmlProxy:
+    """A proxy in front of Nomad that answers every request 200 with a page."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _answer(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = b"<html>proxy login</html>"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_PUT = do_POST = _answer
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        ).start()
+        self.address = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def html_proxy() -> Iterator[HtmlProxy]:
+    proxy = HtmlProxy()
+    yield proxy
+    proxy.close()
+
+
+def test_an_answer_that_is_not_json_is_an_api_error_with_its_text(html_proxy: HtmlProxy) -> None:
+    client, recorder = make_client(html_proxy.address)
+    with pytest.raises(NomadAPIError, match="undecodable answer: '<html>proxy login</html>'"):
+        client.list_jobs()
+    with pytest.raises(NomadAPIError, match="undecodable answer"):
+        client.register_job(runner_job("1-a"), enforce_index=0)
+    assert recorder.outcomes("list_jobs") == ["error"]
+
+    async def claim_write() -> None:
+        writer = AsyncJobWriter(NomadConnection(address=html_proxy.address))
+        try:
+            await writer.register_job(runner_job("1-a"), enforce_index=0)
+        finally:
+            await writer.aclose()
+
+    with pytest.raises(NomadAPIError, match="undecodable answer: '<html>proxy login</html>'"):
+        asyncio.run(claim_write())
