@@ -66,6 +66,29 @@ def index_by_env(runners: Mapping[str, RunnerView]) -> dict[int, tuple[str, ...]
     return {env: tuple(ids) for env, ids in out.items()}
 
 
+def update_by_env(
+    by_env: Mapping[int, tuple[str, ...]],
+    added: Mapping[str, int],
+    removed: Mapping[str, int],
+) -> dict[int, tuple[str, ...]]:
+    """`by_env` after the runners `added` appeared and the runners `removed`
+    went away (runner id → environment id), in the order `index_by_env`
+    gives: the remaining runners as they were, the new ones after them.
+    Only the environments touched are walked, and only for removals."""
+    out = dict(by_env)
+    gone: dict[int, set[str]] = defaultdict(set)
+    for runner_id, env_id in removed.items():
+        gone[env_id].add(runner_id)
+    for env_id, went in gone.items():
+        out[env_id] = tuple(r for r in out.get(env_id, ()) if r not in went)
+    new: dict[int, list[str]] = defaultdict(list)
+    for runner_id, env_id in added.items():
+        new[env_id].append(runner_id)
+    for env_id, came in new.items():
+        out[env_id] = out.get(env_id, ()) + tuple(came)
+    return {env_id: ids for env_id, ids in out.items() if ids}
+
+
 def index_ready(runners: Mapping[str, RunnerView]) -> dict[int, tuple[str, ...]]:
     """`ready` built from scratch."""
     out: dict[int, list[RunnerView]] = defaultdict(list)
@@ -191,15 +214,15 @@ def merged(
     runners = dict(base.runners)
     allocs = dict(base.allocs)
     changed: dict[str, int] = {}
-    membership_changed = False
+    added: dict[str, int] = {}
+    removed: dict[str, int] = {}
     for env_id in read.gone_templates:
         templates.pop(env_id, None)
     for runner_id in read.gone_runners:
         old = runners.pop(runner_id, None)
         allocs.pop(runner_id, None)
         if old is not None:
-            membership_changed = True
-            changed[runner_id] = old.env_id
+            removed[runner_id] = changed[runner_id] = old.env_id
     templates.update(read.templates)
     for job_id, job_allocs in read.allocs.items():
         if job_allocs:
@@ -207,7 +230,8 @@ def merged(
         else:
             allocs.pop(job_id, None)
     for runner_id, view in read.runners.items():
-        membership_changed |= runner_id not in runners
+        if runner_id not in runners:  # new, or gone and back in one read (then last)
+            added[runner_id] = view.env_id
         runners[runner_id] = view
         changed[runner_id] = view.env_id
     return Snapshot(
@@ -219,6 +243,6 @@ def merged(
         covers=covers,
         taken_at=taken_at,
         safe=safe,
-        by_env=index_by_env(runners) if membership_changed else base.by_env,
+        by_env=update_by_env(base.by_env, added, removed) if added or removed else base.by_env,
         ready=update_ready(base.ready, runners, changed),
     )
