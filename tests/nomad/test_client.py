@@ -8,7 +8,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from controller.nomad.gateway import (
 )
 from nomadsim import SimConfig, SimServer
 from tests.helpers import Http, runner_job, wait_until
+from tests.support.http_stub import address_of, serve_in_thread
 from tests.support.ports import free_port
 from tests.support.sim import FAST
 
@@ -556,12 +557,8 @@ class HtmlProxy:
 
             do_GET = do_PUT = do_POST = _answer
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
-        ).start()
-        self.address = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = serve_in_thread(Handler)
+        self.address = address_of(self.server)
 
     def close(self) -> None:
         self.server.shutdown()

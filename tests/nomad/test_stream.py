@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -22,6 +22,7 @@ from controller.nomad.events import EventRef
 from controller.nomad.stream import EventStream
 from nomadsim import SimServer
 from tests.helpers import Http, runner_job, wait_until
+from tests.support.http_stub import address_of, serve_in_thread
 from tests.support.ports import free_port
 
 
@@ -265,12 +266,8 @@ class Scripted:
                     self.wfile.write(b"0\r\n\r\n")
                 self.close_connection = True
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
-        ).start()
-        self.address = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = serve_in_thread(Handler, port)
+        self.address = address_of(self.server)
 
     def close(self) -> None:
         self.release.set()
