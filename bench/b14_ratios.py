@@ -397,6 +397,11 @@ def forks_per_run(run_once: Callable[[], object], n: int) -> dict[str, Any]:
     }
 
 
+def claims_to(http: Http) -> Action:
+    """Claims sent to `http` (a floor process)."""
+    return lambda k, i: http.request("POST", "/api/v1/runners", CLAIM)[0] == 200
+
+
 # -- the run ---------------------------------------------------------------------------
 
 
@@ -417,6 +422,8 @@ class Bench:
         # `--follower`: the replica that leads and keeps the pool up, while
         # the clients talk to `ctl`, a follower.
         self.leader: ChildProcess | None = None
+        # Where processes started during the run are listed (and stopped).
+        self.procs: list[ChildProcess] = []
 
     @contextlib.contextmanager
     def refill_off(self) -> Iterator[None]:
@@ -440,11 +447,15 @@ class Bench:
         )
         time.sleep(1.0)
 
-    def metered(self, what: str, run: Callable[[], Load]) -> Load:
+    def metered(
+        self, what: str, run: Callable[[], Load], floor: ChildProcess | None = None
+    ) -> Load:
         """`run`, with the controller's and the simulator's CPU over it and
-        the requests that succeeded added to `what`."""
+        the requests that succeeded added to `what` (and `floor`'s, the
+        standard floor's by default)."""
         ctl, sim = self.ctl.cpu_s(), self.sim_proc.cpu_s()
-        floor = self.floor[0] if self.floor is not None else None
+        if floor is None and self.floor is not None:
+            floor = self.floor[0]
         floor_cpu = floor.cpu_s() if floor is not None else 0.0
         leader_cpu = self.leader.cpu_s() if self.leader is not None else 0.0
         gc0, sim_gc0 = gc_pauses(self.api), sim_gc_pauses(self.sim)
@@ -480,9 +491,35 @@ class Bench:
         assert self.floor is not None
         return self.floor[1].request("POST", "/api/v1/runners", CLAIM)[0] == 200
 
+    @contextlib.contextmanager
+    def beside_the_upkeep(self) -> Iterator[tuple[ChildProcess, Http]]:
+        """A floor process that claims the controller's own idle runners
+        (`bench.floorproc`, `BENCH_FLOOR_IDLE_OF`), started on a full and
+        quiet pool and stopped after the phase; the controller refills."""
+        self.quiet()
+        proc = start_controller_process(
+            self.procs,
+            self.sim.address,
+            {"BENCH_FLOOR_IDLE_OF": str(ENV_ID)},
+            argv=python_module("bench.floorproc"),
+        )
+        try:
+            yield proc, Http(proc.address)
+        finally:
+            proc.stop()
+
     def claim_phases(self, bare: BareJobs) -> dict[str, list[Load]]:
         s = self.scale
-        phases = ("open", "open_bare", "open_floor", "closed", "closed_bare", "closed_floor")
+        phases = (
+            "open",
+            "open_bare",
+            "open_floor",
+            "open_beside",
+            "closed",
+            "closed_bare",
+            "closed_floor",
+            "closed_beside",
+        )
         out: dict[str, list[Load]] = {k: [] for k in phases}
         assert self.floor is not None
         floor = self.floor[1]
@@ -508,6 +545,14 @@ class Bench:
             bare.prepare()
             out["open_bare"].append(self.metered("bare writes", writes_open))
             out["open_floor"].append(self.metered("floor claims", floor_open))
+            with self.beside_the_upkeep() as (proc, beside):
+                out["open_beside"].append(
+                    self.metered(
+                        "claims beside the upkeep",
+                        lambda: open_loop(CLIENTS, CLAIM_RATE, s.open_s, claims_to(beside), beside),
+                        proc,
+                    )
+                )
         for _ in range(s.rounds):
             self.quiet()
             # Never more claims than the pool holds (an empty pool answers at once).
@@ -520,6 +565,10 @@ class Bench:
             out["closed_floor"].append(
                 closed_loop(CLIENTS, s.closed_s, 10**9, self.floor_claim, floor)
             )
+            with self.beside_the_upkeep() as (_, beside):
+                out["closed_beside"].append(
+                    closed_loop(CLIENTS, s.closed_s, cap, claims_to(beside), beside)
+                )
         return out
 
     # executions
@@ -619,6 +668,7 @@ def run(
             ctl_proc, api = start_ctlproc(procs, sim.address, ctl_settings, tree=tree)
         bench = Bench(s, sim_proc, sim, ctl_proc, api)
         bench.leader = leader
+        bench.procs = procs
         floor_proc = start_controller_process(
             procs,
             sim.address,
@@ -778,6 +828,25 @@ def figures(
         "×",
         note=f"{_n(floor_rate)} vs {_n(bare_rate)} /s",
     )
+    # Beside the upkeep: the floor claiming the controller's own runners while
+    # the controller, in its own process, observes them and refills the pool.
+    beside = pooled(claims["open_beside"])
+    for p in (50, 99):
+        result.add(
+            f"beside the upkeep: claim p{p} through the floor, the controller refilling "
+            f"÷ bare write p{p}",
+            ratio(ms(beside, p), ms(bare, p)),
+            "×",
+            note=f"{_ms(ms(beside, p))} vs {_ms(ms(bare, p))} ms; "
+            f"{sum(x.failures for x in claims['open_beside'])} failed",
+        )
+    beside_rate = median([x.facts()["per_s"] or 0.0 for x in claims["closed_beside"]])
+    result.add(
+        "beside the upkeep: claims/s through the floor, the controller refilling ÷ bare writes/s",
+        ratio(beside_rate, bare_rate),
+        "×",
+        note=f"{_n(beside_rate)} vs {_n(bare_rate)} /s",
+    )
     ctl, bare = pooled(execs["open"]), pooled(execs["open_bare"])
     at = f"{EXEC_RATE:.0f}/s on {EXEC_RUNNERS} runners"
     for p in (50, 99):
@@ -828,6 +897,16 @@ def figures(
         floor_cpu.get("floor"),
         "ms",
         note=f"simulator {_ms(floor_cpu.get('simulator'))} ms",
+    )
+    beside_cpu = cpu.get("claims beside the upkeep") or {}
+    result.add(
+        "beside the upkeep: CPU per claim of the floor + the controller refilling",
+        (beside_cpu.get("floor") or 0.0) + (beside_cpu.get("controller") or 0.0)
+        if beside_cpu
+        else None,
+        "ms",
+        note=f"floor {_ms(beside_cpu.get('floor'))} ms, controller "
+        f"{_ms(beside_cpu.get('controller'))} ms, simulator {_ms(beside_cpu.get('simulator'))} ms",
     )
     for what, unit, bare_what, bare_unit in (
         ("claims", "claim", "bare writes", "bare write"),

@@ -12,8 +12,17 @@ Its jobs are runner-layout jobs whose ids start with `BENCH_FLOOR_PREFIX`,
 registered by the benchmark before it starts; each is read once at start,
 and every request takes a job nobody is writing, writes it and hands it back
 with the index Nomad answered. `GET /readyz` answers 200 once they are read.
+
+With `BENCH_FLOOR_IDLE_OF=E` it claims a controller's own runners instead:
+the idle runners of environment E when it starts (their specs and running
+allocations read once), each once, with the claim a controller writes (the
+allocation and its restarts); when none is left it answers 503. The
+controller beside it sees the claims as any replica's and refills its pool:
+this is an API that observes nothing and is handed runners, with the upkeep
+in a process of its own (`ratios`, "beside the upkeep").
+
 Settings from the environment: `NOMAD_ADDR`, `NRC_API_PORT`,
-`BENCH_FLOOR_PREFIX`. SIGTERM stops it.
+`BENCH_FLOOR_PREFIX`, `BENCH_FLOOR_IDLE_OF`. SIGTERM stops it.
 """
 
 from __future__ import annotations
@@ -39,21 +48,52 @@ from controller.nomad.budget import BudgetSettings, shares
 from controller.nomad.connection import NomadConnection
 from controller.nomad.gateway import JsonDict
 
+# A free job: its spec, its JobModifyIndex, and for a controller's runner
+# its running allocation and that allocation's restarts (None: a floor job).
+Free = tuple[JsonDict, int, tuple[str, int] | None]
 
-def read_jobs(nomad: str, prefix: str) -> deque[tuple[JsonDict, int]]:
+
+def read_jobs(nomad: str, prefix: str) -> deque[Free]:
     """Every job whose id starts with `prefix`, with its JobModifyIndex."""
     with requests.Session() as http:
         stubs = http.get(f"{nomad}/v1/jobs", params={"prefix": prefix}, timeout=30).json()
-        free: deque[tuple[JsonDict, int]] = deque()
+        free: deque[Free] = deque()
         for stub in stubs:
             spec = http.get(f"{nomad}/v1/job/{stub['ID']}", timeout=30).json()
-            free.append((spec, jobs.modify_index(spec)))
+            free.append((spec, jobs.modify_index(spec), None))
     if not free:
         raise SystemExit(f"no job with the prefix {prefix!r} in {nomad}")
     return free
 
 
-def app(writer: AsyncJobWriter, free: deque[tuple[JsonDict, int]]) -> FastAPI:
+def read_idle_runners(nomad: str, env_id: int) -> deque[Free]:
+    """The idle runners of environment `env_id` whose allocation runs."""
+    with requests.Session() as http:
+        running: dict[str, tuple[str, int]] = {}
+        for alloc in http.get(f"{nomad}/v1/allocations", timeout=30).json():
+            if alloc["ClientStatus"] == "running" and alloc["DesiredStatus"] == "run":
+                restarts = sum(
+                    int(state.get("Restarts") or 0)
+                    for state in (alloc.get("TaskStates") or {}).values()
+                )
+                running[alloc["JobID"]] = (alloc["ID"], restarts)
+        stubs = http.get(f"{nomad}/v1/jobs", params={"prefix": f"{env_id}-"}, timeout=30).json()
+        free: deque[Free] = deque()
+        for stub in stubs:
+            if jobs.runner_env_id(stub["ID"]) != env_id or stub["ID"] not in running:
+                continue
+            spec = http.get(f"{nomad}/v1/job/{stub['ID']}", timeout=30).json()
+            if spec.get("Stop") or jobs.runner_from_job(spec, env_id).claim is not None:
+                continue
+            free.append((spec, jobs.modify_index(spec), running[stub["ID"]]))
+    if not free:
+        raise SystemExit(f"no idle runner of environment {env_id} in {nomad}")
+    return free
+
+
+def app(writer: AsyncJobWriter, free: deque[Free], *, once: bool = False) -> FastAPI:
+    """`once`: each job is claimed once (a controller's runners), else they
+    are written round and round."""
     api = FastAPI()
     available = asyncio.Semaphore(len(free))
 
@@ -67,18 +107,22 @@ def app(writer: AsyncJobWriter, free: deque[tuple[JsonDict, int]]) -> FastAPI:
 
     @api.post("/api/v1/runners", response_model=RunnerCreated)
     async def provide(body: RunnerBody) -> RunnerCreated:
+        if once and not free:
+            raise ApiError(503, "no idle runner left")
         async with available:
-            spec, index = free.popleft()
+            spec, index, alloc = free.popleft()
             try:
                 claim = Claim(
                     timeout=body.inactivityTimeout,
-                    alloc_id=str(spec["ID"]),
+                    alloc_id=alloc[0] if alloc is not None else str(spec["ID"]),
+                    restarts=alloc[1] if alloc is not None else 0,
                     claimed_at=time.time_ns(),
                 )
                 written = await writer.register_job(jobs.with_claim(spec, claim), index)
                 index = written.job_modify_index or index
             finally:
-                free.append((spec, index))
+                if not once:
+                    free.append((spec, index, alloc))
         return RunnerCreated(runnerId=str(spec["ID"]), mappedPorts=[])
 
     return api
@@ -86,12 +130,16 @@ def app(writer: AsyncJobWriter, free: deque[tuple[JsonDict, int]]) -> FastAPI:
 
 def main() -> None:
     nomad = os.environ["NOMAD_ADDR"]
-    free = read_jobs(nomad, os.environ.get("BENCH_FLOOR_PREFIX", "floor-"))
+    idle_of = os.environ.get("BENCH_FLOOR_IDLE_OF")
+    if idle_of:
+        free = read_idle_runners(nomad, int(idle_of))
+    else:
+        free = read_jobs(nomad, os.environ.get("BENCH_FLOOR_PREFIX", "floor-"))
     # As many kept-alive connections as the controller's claims write through.
     pool = shares(BudgetSettings()).claim_pool
     writer = AsyncJobWriter(NomadConnection(address=nomad), connections=pool)
     config = uvicorn.Config(
-        app(writer, free),
+        app(writer, free, once=bool(idle_of)),
         host="127.0.0.1",
         port=int(os.environ["NRC_API_PORT"]),
         log_config=None,

@@ -29,6 +29,7 @@ from bench.common import (
     summary_ms,
     write_result,
 )
+from controller.model import Claim
 from controller.nomad import jobs
 from controller.nomad.aclient import AsyncJobWriter
 from controller.nomad.connection import NomadConnection
@@ -180,6 +181,37 @@ def test_the_floor_serves_claims_with_the_controllers_stack_and_write(sim: SimSe
     for job_id in set(ids):
         spec = nomad.json("GET", f"/v1/job/{job_id}")
         assert jobs.runner_from_job(spec, b14_ratios.ENV_ID).claim is not None, spec
+
+
+def test_the_floor_beside_the_upkeep_claims_each_idle_runner_once(sim: SimServer) -> None:
+    """bench.floorproc with `BENCH_FLOOR_IDLE_OF`: the idle runners of the
+    environment whose allocation runs, each claimed once with the claim a
+    controller writes (its running allocation), then 503; a runner already
+    claimed is left alone."""
+    nomad = Http(sim.address)
+    env_id = b14_ratios.ENV_ID
+    runners = b14_ratios.BareJobs(nomad, 3, f"{env_id}-").ids
+
+    def running() -> dict[str, str]:
+        allocs = nomad.json("GET", "/v1/allocations")
+        return {a["JobID"]: a["ID"] for a in allocs if a["ClientStatus"] == "running"}
+
+    wait_until(lambda: set(runners) <= running().keys(), timeout=30)
+    taken, *idle = runners
+    spec = nomad.json("GET", f"/v1/job/{taken}")
+    claimed = jobs.with_claim(spec, Claim(timeout=0, alloc_id="a", claimed_at=1))
+    nomad.json("PUT", "/v1/jobs", {"Job": claimed})
+    free = floorproc.read_idle_runners(sim.address, env_id)
+    assert sorted(job[0]["ID"] for job in free) == sorted(idle)
+    writer = AsyncJobWriter(NomadConnection(address=sim.address), connections=2)
+    with TestClient(floorproc.app(writer, free, once=True)) as api:
+        answers = [api.post("/api/v1/runners", json=b14_ratios.CLAIM) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 503], [a.text for a in answers]
+    assert sorted(a.json()["runnerId"] for a in answers[:2]) == sorted(idle)
+    allocs = running()
+    for job_id in idle:
+        claim = jobs.runner_from_job(nomad.json("GET", f"/v1/job/{job_id}"), env_id).claim
+        assert claim is not None and claim.alloc_id == allocs[job_id], claim
 
 
 def test_ratios_follower_talks_to_a_replica_that_does_not_lead(sim: SimServer) -> None:
