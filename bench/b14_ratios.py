@@ -17,6 +17,11 @@ machine, and the ratio of the two is what the controller adds.
   nor touches them. Their specs are read and encoded before each phase; each
   write takes its JobModifyIndex from the previous write's answer.
 - Claims, closed loop: 50 clients, claims/s against bare writes/s.
+- The floor (`bench.floorproc`): the same two loops through the claim's
+  HTTP stack and write with nothing behind them, on jobs of its own; and
+  "beside the upkeep": a floor process that claims the controller's own
+  idle runners, each once, while the controller refills the pool in its
+  own process (an API that observes nothing, the upkeep beside it).
 - Executions (`echo hi`, POST + WebSocket until the exit frame and the close)
   at 10/s open loop on 10 claimed runners, against a bare Nomad exec of
   `sh -c 'echo hi'` (tty false, until the exit frame) in the same
