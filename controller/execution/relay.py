@@ -317,7 +317,17 @@ class _Run:
     async def _pump(self, session: Session | None, rename: str | None) -> int:
         """Relay one exec's output; its exit code (raises ExecError)."""
         assert session is not None
-        metrics = self.relay._metrics
+        # Output comes in frames of about a kilobyte through a terminal: the
+        # byte counts go to the metric in batches, not once per frame.
+        counted = _ByteCounts(self.relay._metrics)
+        try:
+            return await self._relay_output(session, rename, counted)
+        finally:
+            counted.flush()
+
+    async def _relay_output(
+        self, session: Session, rename: str | None, counted: _ByteCounts
+    ) -> int:
         async for event in session.events():
             if isinstance(event, Exited):
                 return event.code
@@ -332,7 +342,7 @@ class _Run:
                     else StreamClosed("stderr")
                 )
             if isinstance(event, Output):
-                metrics.execution_bytes.labels(event.stream).inc(len(event.data))
+                counted.add(event.stream, len(event.data))
             if self.discard:
                 continue
             for frame in self.translator.on_event(event):
@@ -480,8 +490,12 @@ class _Run:
     # -- the client side --------------------------------------------------------------
 
     async def _put(self, frame: Frame) -> None:
-        if not self.client_gone:
-            await self.queue.put(frame)
+        if self.client_gone:
+            return
+        if self.queue.full():
+            await self.queue.put(frame)  # a slow client holds the exec's output back
+        else:
+            self.queue.put_nowait(frame)  # without a coroutine per frame
 
     async def _close_queue(self, writer: asyncio.Future[None]) -> None:
         """Let the writer send what is queued (the terminal frame last), then stop;
@@ -519,6 +533,30 @@ class _Run:
                 # Gone: keep emptying the queue so nobody blocks on it.
                 self.client_gone = True
                 self.discard = True
+
+
+class _ByteCounts:
+    """Bytes of output per stream, added to `nrc_execution_bytes_total` once
+    a batch is counted and when the exec ends (`flush`)."""
+
+    BATCH_BYTES = 65536
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metric = metrics.execution_bytes
+        self._pending: dict[str, int] = {}
+
+    def add(self, stream: str, size: int) -> None:
+        pending = self._pending.get(stream, 0) + size
+        if pending >= self.BATCH_BYTES:
+            self._metric.labels(stream).inc(pending)
+            pending = 0
+        self._pending[stream] = pending
+
+    def flush(self) -> None:
+        for stream, pending in self._pending.items():
+            if pending:
+                self._metric.labels(stream).inc(pending)
+        self._pending.clear()
 
 
 def _ended_as(verdict: Ended) -> Outcome:

@@ -17,6 +17,7 @@ from controller.execution.frames import (
     Outcome,
     Released,
     TimedOut,
+    encode,
     translate,
 )
 from controller.model import LossReason
@@ -167,3 +168,25 @@ def test_the_schema_rejects_frames_with_extra_keys() -> None:
     assert list(SCHEMA.iter_errors({"type": "exit", "data": 0, "code": 0}))
     assert list(SCHEMA.iter_errors({"type": "exit", "data": 256}))
     assert not list(SCHEMA.iter_errors({"type": "start"}))
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        {"type": "start"},
+        {"type": "stdout", "data": 'h\u00e9llo \u20ac\r\n\t\x1b[31m\x00\x7f"\\ end'},
+        {"type": "stderr", "data": "\ufffd"},
+        {"type": "exit", "data": 255},
+        {"type": "error", "data": "a message with a lone surrogate \ud800"},
+    ],
+)
+def test_an_encoded_frame_is_compact_json_with_text_as_is(frame: dict[str, Any]) -> None:
+    """What the client receives parses back to the frame; characters outside
+    ASCII stay as they are (not escaped), separators are compact; a lone
+    surrogate, which orjson refuses, still encodes."""
+    text = encode(frame)
+    assert json.loads(text) == frame
+    assert ", " not in text and '": ' not in text
+    data = frame.get("data")
+    if isinstance(data, str) and "\u20ac" in data:
+        assert "\u20ac" in text  # the euro sign itself, not its escape

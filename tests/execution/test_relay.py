@@ -135,6 +135,28 @@ async def test_frames_in_order_and_stdin_relayed() -> None:
     assert client.closed.is_set() and main.closed and runners.uses_ended == 1
 
 
+async def test_every_byte_of_output_and_stdin_is_counted_in_the_metric() -> None:
+    """`nrc_execution_bytes_total` counts output in batches (not once a
+    frame), and what a batch still holds when the exec ends is counted too."""
+    main, runners, client = command(), FakeRunners(), FakeClient()
+    metrics = Metrics()
+    execs = FakeExecs(main_then_kills(main))
+    r = Relay(execs, runners, metrics, FAST)
+    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client, runners.use()))
+    await client.inbox.put(b"data")
+    await main.stdin_received(4)
+    big = 40_000  # three of them cross one batch, and leave part of the next
+    main.feed(*(Output("stdout", b"x" * big) for _ in range(3)), Output("stderr", b"e" * 10))
+    main.feed(Exited(0))
+    await task
+
+    def counted(stream: str) -> float | None:
+        labels = {"stream": stream}
+        return metrics.registry.get_sample_value("nrc_execution_bytes_total", labels)
+
+    assert (counted("stdout"), counted("stderr"), counted("stdin")) == (3 * big, 10, 4)
+
+
 async def test_a_command_that_cannot_be_ended_costs_the_runner() -> None:
     main, runners, client = command(ends_on_quit=False), FakeRunners(), FakeClient()
     r, execs = relay(main, runners)
