@@ -516,15 +516,20 @@ class _Run:
             pending = None
             if frame is None:
                 return
-            if frame["type"] in ("stdout", "stderr"):
-                size = len(frame["data"])
+            if frame["type"] in ("stdout", "stderr") and not queue.empty():
+                # Joined once: adding each frame to the text so far would copy
+                # it again for every frame of a kilobyte.
+                parts = [frame["data"]]
+                size = len(parts[0])
                 while size < COALESCE_BYTES and not queue.empty():
                     following = queue.get_nowait()
                     if following is None or following["type"] != frame["type"]:
                         pending = following
                         break
-                    frame = {"type": frame["type"], "data": frame["data"] + following["data"]}
+                    parts.append(following["data"])
                     size += len(following["data"])
+                if len(parts) > 1:
+                    frame = {"type": frame["type"], "data": "".join(parts)}
             if self.client_gone:
                 continue
             try:

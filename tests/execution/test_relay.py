@@ -20,7 +20,7 @@ from controller.metrics import Metrics
 from controller.model import LossReason
 from controller.nomad.exec import ExecBroken, ExecRejected, Exited, Output
 from controller.reconcile.uses import RunnerUse, Uses
-from tests.support.exec_fake import FakeExecs, Open, ScriptedSession, main_then_kills
+from tests.support.exec_fake import FakeExecs, Open, ScriptedSession, Step, main_then_kills
 
 pytestmark = pytest.mark.anyio
 FAST = RelaySettings(
@@ -91,11 +91,14 @@ class FakeClient:
         self.closed = asyncio.Event()
         self.reads = reads
         self.blocked = asyncio.Event()
+        self.gate = asyncio.Event()  # cleared: a client that has not read yet
+        self.gate.set()
 
     async def send(self, frame: Frame) -> None:
         if not self.reads:
             self.blocked.set()
             await asyncio.Event().wait()  # a client that never reads
+        await self.gate.wait()
         self.frames.append(frame)
 
     async def receive(self) -> bytes | None:
@@ -155,6 +158,37 @@ async def test_every_byte_of_output_and_stdin_is_counted_in_the_metric() -> None
         return metrics.registry.get_sample_value("nrc_execution_bytes_total", labels)
 
     assert (counted("stdout"), counted("stderr"), counted("stdin")) == (3 * big, 10, 4)
+
+
+async def test_output_queued_for_a_busy_client_is_merged_per_stream_in_order() -> None:
+    """Frames that wait for the client are sent as one per run of a stream
+    (up to 64 KB), in order, a frame of the other stream between them kept."""
+    main, runners, client = command(), FakeRunners(), FakeClient()
+    client.gate.clear()  # the client takes no frame until the output is queued
+    r, _ = relay(main, runners)
+    task = asyncio.ensure_future(r.run(execution(), "alloc-1", client, runners.use()))
+    steps: list[Step] = [
+        Output("stdout", b"a"),
+        Output("stdout", b"b"),
+        Output("stdout", b"c"),
+        Output("stderr", b"d"),
+        Output("stdout", b"e" * 40_000),
+        Output("stdout", b"f" * 40_000),
+        Output("stdout", b"g"),
+        Exited(0),
+    ]
+    main.feed(*steps)
+    await asyncio.wait_for(main.taken(len(steps)), 5)
+    client.gate.set()
+    await task
+    assert client.frames == [
+        {"type": "start"},
+        {"type": "stdout", "data": "abc"},
+        {"type": "stderr", "data": "d"},
+        {"type": "stdout", "data": "e" * 40_000 + "f" * 40_000},  # 64 KB reached
+        {"type": "stdout", "data": "g"},
+        {"type": "exit", "data": 0},
+    ]
 
 
 async def test_a_command_that_cannot_be_ended_costs_the_runner() -> None:

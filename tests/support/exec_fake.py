@@ -75,6 +75,7 @@ class ScriptedSession:
         self.stdin_closed = False
         self.closed = False
         self.consumed = 0  # steps `events()` has taken from the script
+        self._took = asyncio.Event()
 
     @property
     def stdin(self) -> bytes:
@@ -91,6 +92,13 @@ class ScriptedSession:
         while len(self.stdin) < size:
             self._stdin_grew.clear()
             await self._stdin_grew.wait()
+
+    async def taken(self, count: int) -> None:
+        """Wait until `events()` has taken `count` steps of the script (each
+        one before it is handed on: the steps before it were handled)."""
+        while self.consumed < count:
+            self._took.clear()
+            await self._took.wait()
 
     async def send(self, data: bytes) -> None:
         if not data:
@@ -135,6 +143,7 @@ class ScriptedSession:
                 self._pending.extendleft(reversed(list(step(self.stdin))))
                 continue
             self.consumed += 1
+            self._took.set()
             return step
 
     async def close(self) -> None:
