@@ -317,17 +317,7 @@ class _Run:
     async def _pump(self, session: Session | None, rename: str | None) -> int:
         """Relay one exec's output; its exit code (raises ExecError)."""
         assert session is not None
-        # Output comes in frames of about a kilobyte through a terminal: the
-        # byte counts go to the metric in batches, not once per frame.
-        counted = _ByteCounts(self.relay._metrics)
-        try:
-            return await self._relay_output(session, rename, counted)
-        finally:
-            counted.flush()
-
-    async def _relay_output(
-        self, session: Session, rename: str | None, counted: _ByteCounts
-    ) -> int:
+        metrics = self.relay._metrics
         async for event in session.events():
             if isinstance(event, Exited):
                 return event.code
@@ -342,7 +332,7 @@ class _Run:
                     else StreamClosed("stderr")
                 )
             if isinstance(event, Output):
-                counted.add(event.stream, len(event.data))
+                metrics.execution_bytes.labels(event.stream).inc(len(event.data))
             if self.discard:
                 continue
             for frame in self.translator.on_event(event):
@@ -490,12 +480,8 @@ class _Run:
     # -- the client side --------------------------------------------------------------
 
     async def _put(self, frame: Frame) -> None:
-        if self.client_gone:
-            return
-        if self.queue.full():
-            await self.queue.put(frame)  # a slow client holds the exec's output back
-        else:
-            self.queue.put_nowait(frame)  # without a coroutine per frame
+        if not self.client_gone:
+            await self.queue.put(frame)
 
     async def _close_queue(self, writer: asyncio.Future[None]) -> None:
         """Let the writer send what is queued (the terminal frame last), then stop;
@@ -516,20 +502,15 @@ class _Run:
             pending = None
             if frame is None:
                 return
-            if frame["type"] in ("stdout", "stderr") and not queue.empty():
-                # Joined once: adding each frame to the text so far would copy
-                # it again for every frame of a kilobyte.
-                parts = [frame["data"]]
-                size = len(parts[0])
+            if frame["type"] in ("stdout", "stderr"):
+                size = len(frame["data"])
                 while size < COALESCE_BYTES and not queue.empty():
                     following = queue.get_nowait()
                     if following is None or following["type"] != frame["type"]:
                         pending = following
                         break
-                    parts.append(following["data"])
+                    frame = {"type": frame["type"], "data": frame["data"] + following["data"]}
                     size += len(following["data"])
-                if len(parts) > 1:
-                    frame = {"type": frame["type"], "data": "".join(parts)}
             if self.client_gone:
                 continue
             try:
@@ -538,30 +519,6 @@ class _Run:
                 # Gone: keep emptying the queue so nobody blocks on it.
                 self.client_gone = True
                 self.discard = True
-
-
-class _ByteCounts:
-    """Bytes of output per stream, added to `nrc_execution_bytes_total` once
-    a batch is counted and when the exec ends (`flush`)."""
-
-    BATCH_BYTES = 65536
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metric = metrics.execution_bytes
-        self._pending: dict[str, int] = {}
-
-    def add(self, stream: str, size: int) -> None:
-        pending = self._pending.get(stream, 0) + size
-        if pending >= self.BATCH_BYTES:
-            self._metric.labels(stream).inc(pending)
-            pending = 0
-        self._pending[stream] = pending
-
-    def flush(self) -> None:
-        for stream, pending in self._pending.items():
-            if pending:
-                self._metric.labels(stream).inc(pending)
-        self._pending.clear()
 
 
 def _ended_as(verdict: Ended) -> Outcome:

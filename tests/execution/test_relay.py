@@ -139,8 +139,8 @@ async def test_frames_in_order_and_stdin_relayed() -> None:
 
 
 async def test_every_byte_of_output_and_stdin_is_counted_in_the_metric() -> None:
-    """`nrc_execution_bytes_total` counts output in batches (not once a
-    frame), and what a batch still holds when the exec ends is counted too."""
+    """`nrc_execution_bytes_total` counts every byte of each stream, the
+    last output before the exit included."""
     main, runners, client = command(), FakeRunners(), FakeClient()
     metrics = Metrics()
     execs = FakeExecs(main_then_kills(main))
@@ -148,7 +148,7 @@ async def test_every_byte_of_output_and_stdin_is_counted_in_the_metric() -> None
     task = asyncio.ensure_future(r.run(execution(), "alloc-1", client, runners.use()))
     await client.inbox.put(b"data")
     await main.stdin_received(4)
-    big = 40_000  # three of them cross one batch, and leave part of the next
+    big = 40_000
     main.feed(*(Output("stdout", b"x" * big) for _ in range(3)), Output("stderr", b"e" * 10))
     main.feed(Exited(0))
     await task
