@@ -817,41 +817,13 @@ def figures(
         note=f"{_n(rate)} vs {_n(bare_rate)} /s",
     )
     # The floor (bench.floorproc): the claim's HTTP stack and write, no controller.
-    floor = pooled(claims["open_floor"])
     bare = pooled(claims["open_bare"])
-    for p in (50, 99):
-        result.add(
-            f"floor: claim p{p} through FastAPI + uvicorn + the write alone ÷ bare write p{p}",
-            ratio(ms(floor, p), ms(bare, p)),
-            "×",
-            note=f"{_ms(ms(floor, p))} vs {_ms(ms(bare, p))} ms",
-        )
-    floor_rate = median([x.facts()["per_s"] or 0.0 for x in claims["closed_floor"]])
-    result.add(
-        "floor: claims/s through FastAPI + uvicorn + the write alone ÷ bare writes/s",
-        ratio(floor_rate, bare_rate),
-        "×",
-        note=f"{_n(floor_rate)} vs {_n(bare_rate)} /s",
-    )
+    floor = "through FastAPI + uvicorn + the write alone"
+    stack_figures(result, "floor", floor, claims, "floor", bare, bare_rate)
     # Beside the upkeep: the floor claiming the controller's own runners while
     # the controller, in its own process, observes them and refills the pool.
-    beside = pooled(claims["open_beside"])
-    for p in (50, 99):
-        result.add(
-            f"beside the upkeep: claim p{p} through the floor, the controller refilling "
-            f"÷ bare write p{p}",
-            ratio(ms(beside, p), ms(bare, p)),
-            "×",
-            note=f"{_ms(ms(beside, p))} vs {_ms(ms(bare, p))} ms; "
-            f"{sum(x.failures for x in claims['open_beside'])} failed",
-        )
-    beside_rate = median([x.facts()["per_s"] or 0.0 for x in claims["closed_beside"]])
-    result.add(
-        "beside the upkeep: claims/s through the floor, the controller refilling ÷ bare writes/s",
-        ratio(beside_rate, bare_rate),
-        "×",
-        note=f"{_n(beside_rate)} vs {_n(bare_rate)} /s",
-    )
+    beside = "through the floor, the controller refilling"
+    stack_figures(result, "beside the upkeep", beside, claims, "beside", bare, bare_rate)
     ctl, bare = pooled(execs["open"]), pooled(execs["open_bare"])
     at = f"{EXEC_RATE:.0f}/s on {EXEC_RUNNERS} runners"
     for p in (50, 99):
@@ -926,6 +898,36 @@ def figures(
             f"simulator {_ms(theirs.get('simulator'))} ms, "
             f"controller {_ms(theirs.get('controller'))} ms",
         )
+
+
+def stack_figures(
+    result: Result,
+    name: str,
+    how: str,
+    claims: dict[str, list[Load]],
+    phase: str,
+    bare: Sequence[float],
+    bare_rate: float | None,
+) -> None:
+    """The ratios of claims sent to a floor process (the `open_<phase>` and
+    `closed_<phase>` loads) to the bare writes."""
+    loads = claims[f"open_{phase}"]
+    latencies = pooled(loads)
+    for p in (50, 99):
+        result.add(
+            f"{name}: claim p{p} {how} ÷ bare write p{p}",
+            ratio(ms(latencies, p), ms(bare, p)),
+            "×",
+            note=f"{_ms(ms(latencies, p))} vs {_ms(ms(bare, p))} ms; "
+            f"{sum(x.failures for x in loads)} failed",
+        )
+    rate = median([x.facts()["per_s"] or 0.0 for x in claims[f"closed_{phase}"]])
+    result.add(
+        f"{name}: claims/s {how} ÷ bare writes/s",
+        ratio(rate, bare_rate),
+        "×",
+        note=f"{_n(rate)} vs {_n(bare_rate)} /s",
+    )
 
 
 def _ms(value: float | None) -> str:
