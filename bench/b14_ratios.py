@@ -403,7 +403,7 @@ def forks_per_run(run_once: Callable[[], object], n: int) -> dict[str, Any]:
 
 
 def claims_to(http: Http) -> Action:
-    """Claims sent to `http` (a floor process)."""
+    """Claims sent to `http` (the controller or a floor process)."""
     return lambda k, i: http.request("POST", "/api/v1/runners", CLAIM)[0] == 200
 
 
@@ -490,11 +490,7 @@ class Bench:
     # claims
 
     def claim(self, k: int, i: int) -> bool:
-        return self.api.request("POST", "/api/v1/runners", CLAIM)[0] == 200
-
-    def floor_claim(self, k: int, i: int) -> bool:
-        assert self.floor is not None
-        return self.floor[1].request("POST", "/api/v1/runners", CLAIM)[0] == 200
+        return claims_to(self.api)(k, i)
 
     @contextlib.contextmanager
     def beside_the_upkeep(self) -> Iterator[tuple[ChildProcess, Http]]:
@@ -541,7 +537,7 @@ class Bench:
             return open_loop(CLIENTS, CLAIM_RATE, s.open_s, write, self.sim)
 
         def floor_open() -> Load:
-            return open_loop(CLIENTS, CLAIM_RATE, s.open_s, self.floor_claim, floor)
+            return open_loop(CLIENTS, CLAIM_RATE, s.open_s, claims_to(floor), floor)
 
         for _ in range(s.rounds):
             self.quiet()
@@ -568,7 +564,7 @@ class Bench:
             bare.prepare()
             out["closed_bare"].append(closed_loop(CLIENTS, s.closed_s, 10**9, write, self.sim))
             out["closed_floor"].append(
-                closed_loop(CLIENTS, s.closed_s, 10**9, self.floor_claim, floor)
+                closed_loop(CLIENTS, s.closed_s, 10**9, claims_to(floor), floor)
             )
             with self.beside_the_upkeep() as (_, beside):
                 out["closed_beside"].append(

@@ -46,6 +46,7 @@ from controller.nomad import jobs
 from controller.nomad.aclient import AsyncJobWriter
 from controller.nomad.budget import BudgetSettings, shares
 from controller.nomad.connection import NomadConnection
+from controller.nomad.decode import decode_allocation
 from controller.nomad.gateway import JsonDict
 
 # A free job: its spec, its JobModifyIndex, and for a controller's runner
@@ -70,13 +71,11 @@ def read_idle_runners(nomad: str, env_id: int) -> deque[Free]:
     """The idle runners of environment `env_id` whose allocation runs."""
     with requests.Session() as http:
         running: dict[str, tuple[str, int]] = {}
-        for alloc in http.get(f"{nomad}/v1/allocations", timeout=30).json():
-            if alloc["ClientStatus"] == "running" and alloc["DesiredStatus"] == "run":
-                restarts = sum(
-                    int(state.get("Restarts") or 0)
-                    for state in (alloc.get("TaskStates") or {}).values()
-                )
-                running[alloc["JobID"]] = (alloc["ID"], restarts)
+        for raw in http.get(f"{nomad}/v1/allocations", timeout=30).json():
+            # Decoded as the controller decodes it: the restarts it claims with.
+            alloc = decode_allocation(raw)
+            if alloc.client_status == "running" and alloc.desired_status == "run":
+                running[alloc.job_id] = (alloc.id, alloc.restarts)
         stubs = http.get(f"{nomad}/v1/jobs", params={"prefix": f"{env_id}-"}, timeout=30).json()
         free: deque[Free] = deque()
         for stub in stubs:
