@@ -26,12 +26,11 @@ from controller.reconcile.expectations import Expectations
 from controller.reconcile.observe import Observer
 from controller.reconcile.plan import (
     IDLE_ONLY_REASONS,
-    REPLACED_REASONS,
-    Action,
     CreateRunners,
     DeleteReason,
     DeleteRunner,
     EndClaim,
+    Plan,
 )
 from controller.reconcile.ratelimit import TokenBucket
 
@@ -67,22 +66,25 @@ class Actor:
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def execute(self, env_id: int, actions: tuple[Action, ...], template: Template | None) -> int:
-        """Run all actions; return how many writes failed (the pass is then retried)."""
-        for action in actions:
-            if isinstance(action, DeleteRunner) and action.reason in REPLACED_REASONS:
-                # Said before any write: a replacement may be created and the
-                # process killed before the deletion lands (retried through a
-                # burst of 500s, say). This line is what then shows the runner
-                # was replaced, not over-created (the chaos suite counts it).
-                log.info(
-                    "replacing runner %s (%s)",
-                    action.runner_id,
-                    action.reason,
-                    extra={"runner_id": action.runner_id, "environment_id": env_id},
-                )
+    def execute(self, env_id: int, plan: Plan, template: Template | None) -> int:
+        """Run the plan's actions; return how many writes failed (the pass is then retried)."""
+        for replaced in plan.replaced:
+            # Said before any write: a replacement may be created and the
+            # process killed before the deletion lands (retried through a
+            # burst of 500s, say), or the deletion may wait for a safe pass
+            # while the environment is deleted meanwhile. This line is what
+            # then shows the runner was replaced, not over-created (the chaos
+            # suite counts it).
+            deferred = "" if replaced in plan.actions else "; its deletion waits for a safe pass"
+            log.info(
+                "replacing runner %s (%s)%s",
+                replaced.runner_id,
+                replaced.reason,
+                deferred,
+                extra={"runner_id": replaced.runner_id, "environment_id": env_id},
+            )
         futures: list[Future[bool]] = []
-        for action in actions:
+        for action in plan.actions:
             if isinstance(action, CreateRunners):
                 if template is None:
                     continue

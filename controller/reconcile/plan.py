@@ -146,6 +146,10 @@ class Plan:
     degraded: bool
     counts: PoolCounts
     wake_at: int | None = None  # ns; the next deadline (expiry, grace, backoff) to look again at
+    # Idle runners no longer counted in the pool: this pass's creations replace
+    # them. Their deletions are among the actions unless the pass is unsafe.
+    replaced: tuple[DeleteRunner, ...] = ()
+    deferred: int = 0  # deletions and ended claims an unsafe pass held back
 
 
 def _claimed_actions(inp: PlanInput, views: list[RunnerView], deadlines: list[int]) -> list[Action]:
@@ -264,12 +268,16 @@ def plan(inp: PlanInput) -> Plan:
 def _finish(
     inp: PlanInput, actions: list[Action], budget: Budget, counts: PoolCounts, deadlines: list[int]
 ) -> Plan:
-    if not inp.safe:
-        actions = [a for a in actions if isinstance(a, CreateRunners)]
+    replaced = tuple(
+        a for a in actions if isinstance(a, DeleteRunner) and a.reason in REPLACED_REASONS
+    )
+    kept = actions if inp.safe else [a for a in actions if isinstance(a, CreateRunners)]
     return Plan(
-        actions=tuple(actions),
+        actions=tuple(kept),
         budget=budget,
         degraded=budget.failures >= inp.settings.degraded_after,
         counts=counts,
         wake_at=min((d for d in deadlines if d > inp.now), default=None),
+        replaced=replaced,
+        deferred=len(actions) - len(kept),
     )

@@ -21,12 +21,15 @@ from controller.model import SECOND, Phase, RunnerView, Template
 from controller.nomad import jobs
 from controller.nomad.gateway import IndexConflict, NomadAPIError, NomadUnavailable
 from controller.reconcile.expectations import Pending
-from controller.reconcile.plan import Action, Budget, PlanInput, PlanSettings, PoolCounts, plan
+from controller.reconcile.plan import Budget, Plan, PlanInput, PlanSettings, PoolCounts, plan
 from controller.reconcile.prewarming import Prewarmer
 from controller.reconcile.snapshot import Snapshot
 from controller.reconcile.worker import Result
 
 log = logging.getLogger(__name__)
+
+# How soon a pass that held deletions back (an unsafe snapshot) looks again.
+DEFERRED_RETRY_S = 1.0
 
 
 class Observes(Protocol):
@@ -39,9 +42,7 @@ class Observes(Protocol):
 
 
 class Acts(Protocol):
-    def execute(
-        self, env_id: int, actions: tuple[Action, ...], template: Template | None
-    ) -> int: ...
+    def execute(self, env_id: int, plan: Plan, template: Template | None) -> int: ...
 
 
 class WritesSpecs(Protocol):
@@ -150,12 +151,16 @@ class PoolReconciler:
                 self._metrics.guard_hits.labels("expectation").inc(held_back)
         # The pass's own work, without waiting for its writes (spacing).
         cost = self._clock.monotonic() - started
-        failed = self._actor.execute(env_id, result.actions, template) if result.actions else 0
+        failed = self._actor.execute(env_id, result, template) if result.actions else 0
         self.passes += 1
         # Plan's deadlines, and when the policy's target may change unprompted.
         policy_wake = decision.wake_at if decision is not None else None
         wakes = [w for w in (result.wake_at, policy_wake) if w is not None]
         requeue = (min(wakes) - now) / SECOND if wakes else None
+        if result.deferred:
+            # The spec that made the snapshot unsafe is read again by the next
+            # refresh; the held-back deletions need not wait for the resync.
+            requeue = min(requeue, DEFERRED_RETRY_S) if requeue is not None else DEFERRED_RETRY_S
         return Result(requeue_after_s=requeue, failed_writes=failed, cost_s=cost)
 
     def _outdated(self, template: Template) -> bool:

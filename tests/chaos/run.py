@@ -71,9 +71,10 @@ DELETE_FAILED = re.compile(r"^deleting runner (\S+) \((\w+)\): ")
 RELEASED = re.compile(r"^released runner (\S+)")
 # A pass that replaces an idle runner says so before any of its writes: a
 # SIGKILL may cut the deletion (retried through a 500 burst) after the
-# replacement was created, and the runner is then deleted later for another
-# reason (an orphan once its environment is gone).
-REPLACING_LINE = re.compile(r"^replacing runner (\S+) \((\w+)\)$")
+# replacement was created, or an unsafe pass may create it and leave the
+# deletion to a later pass (said after a ";"), and the runner is then deleted
+# later for another reason (an orphan once its environment is gone).
+REPLACING_LINE = re.compile(r"^replacing runner (\S+) \((\w+)\)(?:;.*)?$")
 # ... unless it was claimed before its deletion: then it counts as a claim.
 CLAIMED_MEANWHILE = re.compile(r"^not deleting (\S+) \((\w+)\): it was claimed meanwhile$")
 # Idle runners deleted for these reasons are replaced by a new job (invariant 5).

@@ -20,10 +20,13 @@ from controller.reconcile.expectations import Pending
 from controller.reconcile.plan import (
     IDLE_ONLY_REASONS,
     Action,
+    Budget,
     CreateRunners,
     DeleteReason,
     DeleteRunner,
     EndClaim,
+    Plan,
+    PoolCounts,
 )
 from tests.support.fake_nomad import JsonDict
 from tests.support.pool import ENV, Pool
@@ -35,7 +38,8 @@ IDLE_ONLY = tuple(sorted(IDLE_ONLY_REASONS))
 def execute(pool: Pool, *actions: Action) -> int:
     """The plan's actions carried out; how many writes failed."""
     template: Template | None = pool.observer.snapshot.templates.get(ENV.id)
-    return pool.actor.execute(ENV.id, actions, template)
+    plan = Plan(actions=actions, budget=Budget(), degraded=False, counts=PoolCounts())
+    return pool.actor.execute(ENV.id, plan, template)
 
 
 def writes(pool: Pool, action: str, outcome: str) -> float:

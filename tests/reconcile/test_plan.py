@@ -184,6 +184,17 @@ def test_unsafe_pass_creates_but_never_deletes_or_ends():
     assert creates(run([view(1)], safe=False)) == 2
 
 
+def test_the_runners_a_pass_replaces_are_named_whether_or_not_it_may_delete():
+    runners = [view(1, Phase.DEAD), view(2, template_hash="old"), view(3), view(4)]
+    replaced = {(a.runner_id, a.reason) for a in run(runners).replaced}
+    assert replaced == {("7-1", DeleteReason.DEAD), ("7-2", DeleteReason.OUTDATED)}
+    unsafe = run(runners, safe=False)
+    assert {(a.runner_id, a.reason) for a in unsafe.replaced} == replaced
+    assert creates(unsafe) == 1 and not deletes(unsafe)  # pool 3: two left
+    assert (unsafe.deferred, run(runners).deferred) == (2, 0)
+    assert not run([view(1), view(2), view(3)]).replaced
+
+
 def test_unknown_runners_count_and_are_never_touched():
     unknown = view(1, Phase.STARTING, known=False, template_hash="")
     result = run([unknown, view(2), view(3), view(4)])
