@@ -23,7 +23,8 @@
   is discarded, never allowed to move the snapshot backwards; a targeted read
   that is older than the events that named its jobs keeps them to be read again.
 - A spec that cannot be read makes the snapshot unsafe: that runner counts
-  towards its pool but nothing is deleted in that pass.
+  towards its pool but nothing is deleted in that pass. A spec read that
+  finds the job deleted (after the list) leaves it out, as if not listed.
 - Our own writes are applied to the snapshot at once (`apply_spec`, `forget`),
   so a claim is visible to the next claimer before any list shows it; a
   refresh that began before a write lays the write over its result. A
@@ -448,7 +449,7 @@ class Observer:
         snap = replace(merged, safe=not result.unreadable and not still_unknown)
         with self._lock:
             for job_id in ids:
-                if job_id not in stubs:
+                if job_id not in stubs or job_id in result.vanished:
                     self._specs.drop(job_id)
                     self._reader.forget([job_id])
             snap = self._install(snap, result.specs)

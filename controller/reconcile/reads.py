@@ -11,7 +11,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from controller.model import Allocation, Phase, RunnerJob, RunnerView, Template
@@ -62,11 +62,12 @@ _DerivedFrom = tuple[int, str, tuple[tuple[str, int], ...]]
 @dataclass(frozen=True)
 class JobsRead:
     """The outcome of `JobReader.read`: what the snapshot gets, the specs read,
-    and the jobs whose spec could not be read."""
+    the jobs whose spec could not be read, and those listed but found deleted."""
 
     read: Read
     specs: Mapping[str, CachedSpec]
     unreadable: set[str]
+    vanished: set[str] = field(default_factory=set)
 
 
 class JobReader:
@@ -131,8 +132,13 @@ class JobReader:
     ) -> JobsRead:
         """The build step of both refreshes: for the jobs `ids` (those not in
         `stubs` are gone), their specs (cached ones reused, new or changed
-        ones fetched), allocations and derived templates and views."""
-        specs, unreadable = self._fetch_changed(stubs)
+        ones fetched), allocations and derived templates and views. A job whose
+        spec read answers "not found" was deleted after the list: it is gone
+        too, not unknown (nothing to count in its pool, no reason to make the
+        snapshot unsafe; a refresh overlapping our own deletions lists them)."""
+        specs, unreadable, vanished = self._fetch_changed(stubs)
+        if vanished:
+            stubs = {j: s for j, s in stubs.items() if j not in vanished}
         by_job: dict[str, list[Allocation]] = defaultdict(list)
         for alloc in alloc_list.allocations:
             if alloc.job_id in stubs:
@@ -160,7 +166,7 @@ class JobReader:
             elif view is not None:
                 runners[job_id] = view
         read = Read(templates, runners, allocs, gone_templates, gone_runners)
-        return JobsRead(read, specs, unreadable)
+        return JobsRead(read, specs, unreadable, vanished)
 
     def _derive(
         self,
@@ -200,8 +206,9 @@ class JobReader:
 
     def _fetch_changed(
         self, stubs: Mapping[str, JobStub]
-    ) -> tuple[dict[str, CachedSpec], set[str]]:
-        """Specs of the listed jobs: cached ones reused, new or changed ones fetched."""
+    ) -> tuple[dict[str, CachedSpec], set[str], set[str]]:
+        """Specs of the listed jobs (cached ones reused, new or changed ones
+        fetched), the jobs whose read failed, and those it found deleted."""
         specs: dict[str, CachedSpec] = {}
         wanted: list[str] = []
         current = self._current_specs({j: s.job_modify_index for j, s in stubs.items()})
@@ -212,8 +219,9 @@ class JobReader:
             else:
                 wanted.append(job_id)
         unreadable: set[str] = set()
+        vanished: set[str] = set()
         if not wanted:
-            return specs, unreadable
+            return specs, unreadable, vanished
 
         def fetch(job_id: str) -> tuple[str, CachedSpec | None, bool]:
             mine = self._current_specs({job_id: stubs[job_id].job_modify_index}).get(job_id)
@@ -235,10 +243,11 @@ class JobReader:
         for job_id, spec, ok in results:
             if spec is not None:
                 specs[job_id] = spec
-            elif not ok:
+            elif ok:
+                vanished.add(job_id)  # deleted between the list and the read
+            else:
                 unreadable.add(job_id)
-            # ok and None: deleted between the list and the read; it is gone.
-        return specs, unreadable
+        return specs, unreadable, vanished
 
 
 def template_of(spec: JsonDict, env_id: int) -> Template:

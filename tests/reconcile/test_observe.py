@@ -112,3 +112,17 @@ def test_a_written_spec_is_cached_plain_until_the_next_refresh_compresses_it() -
     obs.refresh()
     assert obs._specs.plain_entries() == {}
     assert obs.spec(ids[0]) == spec and obs.snapshot.runners[ids[0]].claimed
+
+
+def test_a_runner_deleted_between_the_list_and_its_spec_read_is_gone_not_unknown() -> None:
+    gw, obs, ids = setup()
+
+    def deleted_meanwhile(job_id: str) -> None:
+        if job_id == ids[1]:
+            gw.specs.pop(job_id)  # the read answers 404: it is gone
+
+    gw.before_get = deleted_meanwhile
+    snap = obs.refresh()
+    # Not counted in its pool as unknown, and no reason to hold deletions back.
+    assert ids[1] not in snap.runners and snap.safe
+    assert {v.id for v in snap.views(ENV.id)} == {ids[0]}

@@ -322,3 +322,20 @@ def test_a_job_we_created_is_listed_from_its_job_event_but_its_spec_not_read_bac
     assert view.job.create_index == nomad.specs[created]["CreateIndex"] > 0
     assert view.job.submit_time == nomad.specs[created]["SubmitTime"] > 0
     assert observer.snapshot_and_pending(ENV.id)[1].creating == 0
+
+
+def test_a_runner_deleted_between_a_targeted_list_and_its_spec_read_is_gone() -> None:
+    nomad, observer, _, _ = setup()
+    observer.refresh(full=True)
+    gone = runner_id(1)
+    nomad.put(jobs.with_claim(nomad.specs[gone], Claim(alloc_id="a1")))  # a change to read
+
+    def deleted_meanwhile(job_id: str) -> None:
+        if job_id == gone:
+            nomad.specs.pop(job_id)  # the read answers 404: it is gone
+
+    nomad.before_get = deleted_meanwhile
+    observer.note_event_index(nomad.index, decode_events([job_event(gone)]))
+    snap = observer.current()
+    assert gone not in snap.runners and snap.safe
+    assert {v.id for v in snap.views(ENV.id)} == {runner_id(0), runner_id(2)}
