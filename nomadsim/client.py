@@ -87,6 +87,7 @@ class Client:
                 before, after = change.before, change.after
                 if after is None:
                     self._forget(change.key)  # purged
+                    self._release_predecessor(change.key)
                 elif before is None:
                     self._on_placed(after)
                 elif before.desired_status == "run" and after.desired_status == "stop":
@@ -232,6 +233,7 @@ class Client:
 
     def _on_stop(self, alloc: Alloc) -> None:
         """The server set DesiredStatus stop: kill the tasks."""
+        self._release_predecessor(alloc.id)
         if alloc.client_terminal() or not self._node_up(alloc):
             self._forget(alloc.id)
             return
@@ -245,6 +247,17 @@ class Client:
             return
         self._kill_event(alloc)
         self._later(alloc.id, self._stop_s(alloc), lambda: self._killed(alloc.id))
+
+    def _release_predecessor(self, alloc_id: str) -> None:
+        """A replacement that will never run (stopped, purged, its node down):
+        the allocation it was to replace waits for it no longer. Nomad's client
+        never waits for a replacement; only the order the simulator models
+        does, so the old one is killed as any stopped allocation is."""
+        old_id = self._completes_after.pop(alloc_id, None)
+        old = self._current(old_id) if old_id is not None else None
+        if old is None or old.client_terminal():
+            return
+        self._later(old.id, self._stop_s(old), lambda: self._killed(old.id))
 
     def _stop_s(self, alloc: Alloc) -> float:
         """How long the kill takes. A task running `sleep` (a runner) is PID 1
@@ -438,6 +451,7 @@ class Client:
         for alloc in self._store.node_allocs(node_id):
             self._forget(alloc.id)
             self._unsynced.pop(alloc.id, None)
+            self._release_predecessor(alloc.id)
 
     def pending_timers(self) -> int:
         return len(self._timers)

@@ -105,8 +105,7 @@ class ChaosResult:
             f"seed {self.seed:4}: converged in {conv}, {self.steps} steps, "
             f"{self.controller_starts} controller starts, {self.counts['claimed']} claims, "
             f"created {self.created} ≤ needed {self.needed}, losses [{losses}], "
-            f"{self.counts['stuck_stopping']} allocations stuck stopping (open simulator "
-            "issue); "
+            f"{self.counts['stuck_stopping']} allocations told to stop still alive; "
             f"markers: {self.counts['marker_written']} written, "
             f"{self.counts['marker_read']} read back; open file route issues: "
             f"{self.counts['marker_stale_reread']} reads answered 424 after a stale re-read; "
@@ -299,8 +298,8 @@ class ChaosRun:
             read_marker(api, self.book, held, final=True)
 
     def _check_nomad(self, state: NomadState) -> None:
-        # Allocations told to stop that still run: the simulator's known issue
-        # (test_known_issues.py); Nomad's business, not a leaked job.
+        # Allocations told to stop that still run (within their kill timeout):
+        # Nomad's business, not a leaked job.
         self.result.counts["stuck_stopping"] = sum(
             1 for job in state.runners() for a in job.allocs if a.live and a.desired_status != "run"
         )

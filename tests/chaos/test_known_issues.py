@@ -21,7 +21,6 @@ import random
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Iterator
-from typing import Any
 
 import pytest
 import requests
@@ -41,7 +40,7 @@ from controller.nomad.jobs import TemplatePolicy, template_job
 from controller.reconcile.loop import Controller, ControllerSettings
 from controller.reconcile.plan import Plan, PlanInput, plan
 from nomadsim import SimServer
-from tests.helpers import Http, runner_job, wait_until
+from tests.helpers import Http, wait_until
 from tests.support.exec_fake import FakeExecs, Open, ScriptedSession
 
 MakeSim = Callable[..., SimServer]
@@ -137,39 +136,6 @@ def test_deleting_an_environment_before_the_first_observation_is_not_404(
         assert answer.status_code in (204, 503), (answer.status_code, answer.json())
     finally:
         fresh.stop()
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "simulator: with the production migration ordering the old allocation completes "
-        "only after its replacement runs; when the replacement is stopped before it runs "
-        "(the job is stopped), the old one stays running/stop with its Killing event for "
-        "ever (chaos seed 2: lost runners whose migrated allocation never completes); "
-        "tolerated in tests/chaos/run.py::serving"
-    ),
-)
-def test_migrated_allocation_completes_when_its_job_stops_first(make_sim: MakeSim) -> None:
-    sim = make_sim(nodes=2, startup_delay_ms=300.0, migration_ordering="production")
-    http = Http(sim.address)
-    job_id = "7-00000000-0000-4000-8000-000000000001"
-    http.register(runner_job(job_id))
-    (old,) = http.running(job_id)
-    r = http.request(
-        "POST",
-        f"/v1/node/{old['NodeID']}/drain",
-        json={"DrainSpec": {"Deadline": -1, "IgnoreSystemJobs": False}},
-    )
-    assert r.status_code == 200, r.text
-
-    def migrating() -> bool:
-        alloc: dict[str, Any] = http.alloc(old["ID"])
-        return bool(alloc["DesiredStatus"] == "stop" and alloc.get("NextAllocation"))
-
-    wait_until(migrating, timeout=5)
-    # Stop the job while the replacement is still starting (startup takes 300 ms).
-    assert http.request("DELETE", f"/v1/job/{job_id}").status_code == 200
-    wait_until(lambda: http.alloc(old["ID"])["ClientStatus"] == "complete", timeout=3)
 
 
 # The runner template restarts a crashed task after 15 s (Poseidon's delay):

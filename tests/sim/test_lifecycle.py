@@ -236,6 +236,36 @@ def test_drain_client_ordering(sim: SimServer) -> None:
     reader.close()
 
 
+def test_a_migrated_allocation_completes_when_its_replacement_is_stopped_first(
+    make_sim: Callable[..., SimServer],
+) -> None:
+    """Production ordering: the old allocation waits for its replacement to
+    run; a replacement stopped before it runs (the job stopped: the controller
+    ending a `migrated` claim) leaves the old one nothing to wait for, and it
+    completes as any stopped allocation does (chaos seed 2 found it running
+    with desired status stop for ever)."""
+    sim = make_sim(nodes=2, startup_delay_ms=300.0, migration_ordering="production")
+    http = Http(sim.address)
+    job_id = "7-00000000-0000-4000-8000-000000000001"
+    http.register(runner_job(job_id))
+    (old,) = http.running(job_id)
+    r = http.request(
+        "POST",
+        f"/v1/node/{old['NodeID']}/drain",
+        json={"DrainSpec": {"Deadline": -1, "IgnoreSystemJobs": False}},
+    )
+    assert r.status_code == 200, r.text
+
+    def migrating() -> bool:
+        alloc: dict[str, Any] = http.alloc(old["ID"])
+        return bool(alloc["DesiredStatus"] == "stop" and alloc.get("NextAllocation"))
+
+    wait_until(migrating, timeout=5)
+    # Stop the job while the replacement is still starting (startup takes 300 ms).
+    assert http.request("DELETE", f"/v1/job/{job_id}").status_code == 200
+    wait_until(lambda: http.alloc(old["ID"])["ClientStatus"] == "complete", timeout=3)
+
+
 def test_drain_migrates_batch_only_at_deadline(make_sim: Callable[..., SimServer]) -> None:
     server = make_sim(time_scale=0.001)
     http = Http(server.address)
