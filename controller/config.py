@@ -632,6 +632,19 @@ class Settings(BaseSettings):
         "this long at most.",
         json_schema_extra=_allowed(f"a duration from 1s to 24h, {_DURATION_FORMS}", duration=True),
     )
+    gil_switch_interval_s: Duration = Field(
+        default=0.0005,
+        alias="NRC_GIL_SWITCH_INTERVAL",
+        gt=0,
+        le=0.1,
+        description="How long one of the controller's threads may keep Python's interpreter "
+        "lock while another waits for it (sys.setswitchinterval; Python's default is 5ms). The "
+        "API's event loop waits up to this long each time it wakes while a pass, a refresh or "
+        "the event stream computes, which is what a claim's slowest answers are made of.",
+        json_schema_extra=_allowed(
+            f"a duration above 0 up to 100ms, {_DURATION_FORMS}", duration=True
+        ),
+    )
     orphan_grace_s: Duration = Field(
         default=60.0,
         alias="NRC_ORPHAN_GRACE",

@@ -12,6 +12,7 @@ import logging
 import secrets
 import shlex
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -297,6 +298,9 @@ def serve(service: Service, on_started: Callable[[str], None] | None = None) -> 
         on_pause=service.controller.metrics.gc_pause_seconds.observe,
         ready=lambda: service.controller.observer.observed_once,
     )
+    # Process-wide, like the collector's pacing: the API's event loop shares
+    # the interpreter with the passes, refreshes and the event stream.
+    sys.setswitchinterval(s.gil_switch_interval_s)
     try:
         with _stoppable_start():
             service.controller.start()

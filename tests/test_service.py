@@ -8,6 +8,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,8 @@ import pytest
 import requests
 from websockets.sync.client import connect
 
+from controller import service as service_module
+from controller.config import load_settings
 from nomadsim import SimServer
 from tests.helpers import wait_until
 from tests.support.api_client import environment_body
@@ -306,3 +309,23 @@ def test_an_unparsable_hcl_template_stops_run_with_exit_2(sim: SimServer, tmp_pa
     assert len(lines) == 1
     assert lines[0].startswith(f"nomad-runner-controller: NRC_TEMPLATE_JOB_FILE: {template}: ")
     assert "Nomad cannot parse it" in lines[0]
+
+
+def test_serve_sets_the_interpreters_switch_interval(
+    sim: SimServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = load_settings({"NOMAD_ADDR": sim.address, "NRC_GIL_SWITCH_INTERVAL": "2ms"})
+    built = service_module.build(settings)
+    seen: list[float] = []
+
+    def run(self: Any, sockets: Any = None) -> None:
+        seen.append(sys.getswitchinterval())
+        self.started = True
+
+    monkeypatch.setattr(service_module._Server, "run", run)
+    before = sys.getswitchinterval()
+    try:
+        assert service_module.serve(built) == 0
+    finally:
+        sys.setswitchinterval(before)
+    assert seen == [pytest.approx(0.002)]
