@@ -68,6 +68,8 @@ class Actor:
 
     def execute(self, env_id: int, plan: Plan, template: Template | None) -> int:
         """Run the plan's actions; return how many writes failed (the pass is then retried)."""
+        # An unsafe pass holds every deletion back, a safe one none.
+        deferred = "; its deletion waits for a safe pass" if plan.deferred else ""
         for replaced in plan.replaced:
             # Said before any write: a replacement may be created and the
             # process killed before the deletion lands (retried through a
@@ -75,7 +77,6 @@ class Actor:
             # while the environment is deleted meanwhile. This line is what
             # then shows the runner was replaced, not over-created (the chaos
             # suite counts it).
-            deferred = "" if replaced in plan.actions else "; its deletion waits for a safe pass"
             log.info(
                 "replacing runner %s (%s)%s",
                 replaced.runner_id,
