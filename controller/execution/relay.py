@@ -7,8 +7,9 @@ execution flows"):
    with separate stderr — the reader of the command's stderr FIFO are opened
    on the allocation the claim was made on, never on a replacement.
 2. Output of both is translated to `stdout` / `stderr` frames and queued for
-   the client in a bounded queue: a client that reads slowly holds the exec's
-   reads back (and TCP holds Nomad back), nothing grows without bound. Client
+   the client in a queue bounded by the output it holds (`outbox.Outbox`):
+   a client that reads slowly holds the exec's reads back (and TCP holds
+   Nomad back), nothing grows without bound. Client
    text frames go to the command's stdin verbatim.
 3. Exactly one of these ends it, and decides the terminal frame:
    - the command exits: `exit` with its code — unless the allocation died under
@@ -65,6 +66,7 @@ from controller.execution.frames import (
     TimedOut,
     Translator,
 )
+from controller.execution.outbox import Outbox
 from controller.execution.store import Execution
 from controller.metrics import Metrics
 from controller.model import LossReason
@@ -142,7 +144,7 @@ class Client(Protocol):
 @dataclass(frozen=True)
 class RelaySettings:
     exec: ExecSettings = field(default_factory=ExecSettings)
-    output_queue: int = 64  # frames waiting for a slow client
+    output_queue: int = 64 * 1024  # characters of output waiting for a slow client
     quit_grace_s: float = 1.0  # Ctrl-\ → SIGKILL of the marked processes
     stop_grace_s: float = 3.0  # limit → runner stopped if the exec still runs
     stderr_drain_s: float = 1.0  # after the exit: stderr still arriving
@@ -215,7 +217,7 @@ class _Run:
     alloc_id: str
     client: Client
     use: RunnerUse  # ended with the run, or handed on to the background stop
-    queue: asyncio.Queue[Frame | None] = field(init=False)
+    queue: Outbox = field(init=False)
     translator: Translator = field(default_factory=Translator)
     discard: bool = False  # the client is done: output is read and dropped
     client_gone: bool = False
@@ -223,7 +225,7 @@ class _Run:
     err: Session | None = None
 
     def __post_init__(self) -> None:
-        self.queue = asyncio.Queue(self.relay.settings.output_queue)
+        self.queue = Outbox(self.relay.settings.output_queue)
 
     @property
     def runner_id(self) -> str:

@@ -24,7 +24,9 @@ speaks the same protocol). The protocol, as Nomad (≤ 1.11) serves it:
 The exit frame is the only successful end: a connection that ends without it
 is `ExecBroken`, never exit 0 (Poseidon reports such breaks as success, its
 open bugs #589 and #719). Only this module reads Nomad's exec frames; the rest
-of the controller sees typed events and errors.
+of the controller sees typed events and errors: the output of frames that
+arrived together joined into one event per run of a stream (`merged`), since
+relaying stdout costs per event (see `FrameConnection`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ import json
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlencode, urlsplit
@@ -49,6 +52,8 @@ import tenacity
 import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.frames import Frame, Opcode
+from websockets.protocol import Event
 
 from controller.nomad.budget import AgentSlots
 from controller.nomad.connection import NomadConnection, RequestHook, report_request
@@ -96,6 +101,14 @@ UNREACHABLE_NODE_S = 60.0
 # Nomad's output frames carry at most 1,024 bytes (4/3 of that in base64);
 # anything far larger is not Nomad talking.
 MAX_FRAME_BYTES = 1 << 20
+# Nomad's frames received and not yet taken by the session's reader, in bytes,
+# above which reading from Nomad pauses (TCP then holds Nomad back), and below
+# which it goes on again.
+READ_HIGH_BYTES = 64 * 1024
+READ_LOW_BYTES = 16 * 1024
+# Consecutive output of one stream is handed on as one event of about this
+# many bytes at most (Nomad writes 1 KiB a frame).
+MERGE_BYTES = 16 * 1024
 
 
 # -- what the rest of the controller sees ------------------------------------------------
@@ -211,6 +224,40 @@ def read_frame(raw: str | bytes) -> list[ExecEvent]:
     return events
 
 
+def merged(events: Iterable[ExecEvent], limit: int = MERGE_BYTES) -> Iterator[ExecEvent]:
+    """`events` in order, each run of consecutive output of one stream joined
+    into events of about `limit` bytes at most: what follows a frame of
+    Nomad's costs per event, not per byte. Output before a frame that fails
+    to read is handed on before the error."""
+    parts: list[bytes] = []
+    stream: Stream = "stdout"
+    size = 0
+    source = iter(events)
+    while True:
+        try:
+            event = next(source)
+        except StopIteration:
+            break
+        except ExecError:
+            if parts:
+                yield Output(stream, b"".join(parts))
+            raise
+        if isinstance(event, Output):
+            if parts and (event.stream != stream or size >= limit):
+                yield Output(stream, b"".join(parts))
+                parts, size = [], 0
+            stream = event.stream
+            parts.append(event.data)
+            size += len(event.data)
+            continue
+        if parts:
+            yield Output(stream, b"".join(parts))
+            parts, size = [], 0
+        yield event
+    if parts:
+        yield Output(stream, b"".join(parts))
+
+
 def stdin_frame(data: bytes) -> str:
     return json.dumps({"stdin": {"data": base64.b64encode(data).decode("ascii")}})
 
@@ -237,6 +284,104 @@ class Utf8Streams:
 
 # -- the session --------------------------------------------------------------------------
 
+_MESSAGE_OPCODES = frozenset({Opcode.TEXT, Opcode.BINARY, Opcode.CONT})
+
+
+class FrameConnection(ClientConnection):
+    """websockets' client connection, whose messages are kept in a plain list
+    that `take` empties at once, rather than in websockets' queue, which
+    hands out one message a `recv()`.
+
+    Nomad writes output 1 KiB a frame, and a `recv()` a frame (a future and a
+    task switch each) was most of what relaying stdout cost the controller:
+    one read from the socket holds dozens of frames, and here they are
+    appended as websockets' parser yields them and taken together. While more
+    than READ_HIGH_BYTES wait, reading from the socket pauses, as it does
+    behind websockets' own bounded queue: a slow reader holds Nomad back
+    through TCP. The handshake and the control frames (ping, pong, close)
+    stay websockets' business; `process_event` and `connection_lost` are the
+    hooks a subclass given to `connect(create_connection=…)` has."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._messages: deque[str | bytes] = deque()
+        self._held = 0
+        self._fragments: list[bytes] | None = None
+        self._text = False
+        self._reading_paused = False
+        self._lost = False
+        self._wake: asyncio.Future[None] | None = None
+
+    def process_event(self, event: Event) -> None:
+        if isinstance(event, Frame) and event.opcode in _MESSAGE_OPCODES:
+            self._message_frame(event)
+        else:
+            super().process_event(event)
+
+    def _message_frame(self, frame: Frame) -> None:
+        if frame.opcode is Opcode.CONT:
+            if self._fragments is None:  # websockets' parser refuses this first
+                return
+            self._fragments.append(bytes(frame.data))
+        else:
+            self._fragments = [bytes(frame.data)]
+            self._text = frame.opcode is Opcode.TEXT
+        if not frame.fin:
+            return
+        data = self._fragments[0] if len(self._fragments) == 1 else b"".join(self._fragments)
+        self._fragments = None
+        message: str | bytes = data
+        if self._text:
+            # Not UTF-8: left as bytes, which parse_frame refuses as not JSON.
+            with contextlib.suppress(UnicodeDecodeError):
+                message = data.decode()
+        self._messages.append(message)
+        self._held += len(message)
+        if self._held > READ_HIGH_BYTES and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        self._wakeup()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._lost = True
+        self._wakeup()
+
+    def _wakeup(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    @property
+    def held(self) -> int:
+        """Bytes of the messages received and not yet taken."""
+        return self._held
+
+    async def take(self, limit: int = MERGE_BYTES) -> list[str | bytes]:
+        """The oldest messages received and not yet taken, in order, about
+        `limit` bytes of them (one at least; waiting for one); raises
+        ConnectionClosed once the connection is closed and every message has
+        been taken. Reading goes on once READ_LOW_BYTES or less are left: a
+        batch is let go of before the next read's is held beside it."""
+        while not self._messages:
+            if self._lost:
+                raise self.protocol.close_exc
+            self._wake = self.loop.create_future()
+            try:
+                await self._wake
+            finally:
+                self._wake = None
+        queued = self._messages
+        messages = [queued.popleft()]
+        size = len(messages[0])
+        while queued and size < limit:
+            messages.append(queued.popleft())
+            size += len(messages[-1])
+        self._held -= size
+        if self._reading_paused and self._held <= READ_LOW_BYTES and not self._lost:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        return messages
+
 
 class ExecSession:
     """One exec: events from `events()`, stdin through `send` / `close_stdin`.
@@ -244,7 +389,7 @@ class ExecSession:
     Closing the session closes the connection; it does not stop the command
     (Nomad does not either): stopping it is the caller's business."""
 
-    def __init__(self, ws: ClientConnection, heartbeat_s: float) -> None:
+    def __init__(self, ws: FrameConnection, heartbeat_s: float) -> None:
         self._ws = ws
         self._heartbeat = asyncio.ensure_future(self._beat(heartbeat_s))
         self._exited = False
@@ -254,6 +399,11 @@ class ExecSession:
             while True:
                 await asyncio.sleep(interval_s)
                 await self._ws.send(HEARTBEAT)
+
+    @property
+    def held(self) -> int:
+        """Bytes of Nomad's frames received and not yet read through `events`."""
+        return self._ws.held
 
     async def send(self, data: bytes) -> None:
         """Bytes to the command's stdin. Raises ExecBroken when the connection is gone."""
@@ -277,13 +427,13 @@ class ExecSession:
         """Every event up to and including `Exited`; raises ExecError otherwise."""
         while not self._exited:
             try:
-                raw = await self._ws.recv()
+                messages = await self._ws.take()
             except ConnectionClosed as closed:
                 rcvd = closed.rcvd
                 raise classify_close(
                     rcvd.code if rcvd else 1006, rcvd.reason if rcvd else ""
                 ) from None
-            for event in parse_frame(raw):
+            for event in merged(e for raw in messages for e in parse_frame(raw)):
                 yield event
                 if isinstance(event, Exited):
                     self._exited = True
@@ -397,17 +547,17 @@ class ExecClient:
         connection: NomadConnection,
         *,
         node: bool = False,
-    ) -> ClientConnection:
+    ) -> FrameConnection:
         url = self.url(alloc_id, task, command, tty, connection)
         retrying = tenacity.AsyncRetrying(
             **retry_kwargs(self._retry_attempts, self._retry_max_wait_s, before_sleep=_log_retry)
         )
-        ws: ClientConnection = await retrying(self._connect, operation, url, connection, node)
+        ws: FrameConnection = await retrying(self._connect, operation, url, connection, node)
         return ws
 
     async def _connect(
         self, operation: str, url: str, connection: NomadConnection, node: bool
-    ) -> ClientConnection:
+    ) -> FrameConnection:
         """One handshake; what a refusal means is `errors.exec_refusal`'s call.
         On a node's agent, failing to connect at all raises _NoConnection
         (fall back), not ExecUnreachable (retry)."""
@@ -448,7 +598,7 @@ class ExecClient:
         port: int,
         timeout: float,
         node: bool,
-    ) -> ClientConnection:
+    ) -> FrameConnection:
         try:
             sock = await _dial(host, port, timeout)
         except (OSError, TimeoutError) as exc:
@@ -456,7 +606,7 @@ class ExecClient:
                 raise _NoConnection(exc) from None
             raise ExecUnreachable(f"could not reach Nomad for exec: {exc!r}") from None
         try:
-            return await websockets.connect(
+            ws = await websockets.connect(
                 url,
                 sock=sock,
                 additional_headers=connection.headers,
@@ -466,10 +616,12 @@ class ExecClient:
                 ping_interval=None,
                 max_size=MAX_FRAME_BYTES,
                 compression=None,
-                # Output waits here when the reader is slow: bounded, then TCP
+                # Output waits in FrameConnection, bounded; then TCP
                 # backpressure reaches Nomad.
-                max_queue=16,
+                create_connection=FrameConnection,
             )
+            assert isinstance(ws, FrameConnection)
+            return ws
         except InvalidStatus as exc:
             body = exc.response.body or b""
             raise exec_refusal(exc.response.status_code, body.decode("utf-8", "replace")) from None

@@ -6,6 +6,7 @@ against the simulator is in tests/e2e/test_executions.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -165,7 +166,7 @@ async def test_output_queued_for_a_busy_client_is_merged_per_stream_in_order() -
     (up to 64 KB), in order, a frame of the other stream between them kept."""
     main, runners, client = command(), FakeRunners(), FakeClient()
     client.gate.clear()  # the client takes no frame until the output is queued
-    r, _ = relay(main, runners)
+    r, _ = relay(main, runners, dataclasses.replace(FAST, output_queue=256 * 1024))
     task = asyncio.ensure_future(r.run(execution(), "alloc-1", client, runners.use()))
     steps: list[Step] = [
         Output("stdout", b"a"),
@@ -257,8 +258,8 @@ async def test_a_loss_during_the_run_ends_it_with_the_reason() -> None:
 
 
 async def test_a_client_that_never_reads_holds_the_exec_back() -> None:
-    """Backpressure: output waits in a bounded queue; Nomad's stream is not
-    read further, so nothing grows without bound."""
+    """Backpressure: output waits in a queue bounded in bytes; Nomad's stream
+    is not read further, so nothing grows without bound."""
     main, runners, client = command(), FakeRunners(), FakeClient(reads=False)
     r, _ = relay(main, runners)
     task = asyncio.ensure_future(r.run(execution(), "alloc-1", client, runners.use()))
@@ -266,8 +267,8 @@ async def test_a_client_that_never_reads_holds_the_exec_back() -> None:
         main.feed(Output("stdout", b"x" * 1024))
     await client.blocked.wait()
     await asyncio.sleep(0.1)
-    # start + the queue + the frame in the writer's hands + one in the pump's
-    assert main.consumed <= FAST.output_queue + 4
+    # the queue's bound + the frame in the writer's hands + one in the pump's
+    assert main.consumed * 1024 <= FAST.output_queue + 4 * 1024
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

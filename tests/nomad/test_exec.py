@@ -20,6 +20,8 @@ from websockets.http11 import Response
 
 from controller.nomad.connection import NomadConnection
 from controller.nomad.exec import (
+    MERGE_BYTES,
+    READ_HIGH_BYTES,
     ExecBroken,
     ExecClient,
     ExecError,
@@ -33,6 +35,7 @@ from controller.nomad.exec import (
     UnknownAllocation,
     Utf8Streams,
     classify_close,
+    merged,
     output_frame,
     parse_frame,
     read_frame,
@@ -279,6 +282,140 @@ async def test_a_session_closed_while_read_breaks_and_takes_no_input(
     with pytest.raises(ExecBroken):
         await session.send(b"input")
     await session.close_stdin()
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        # The connection's own state: nothing signals it.
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+    assert condition(), what
+
+
+def _output(n: int, stream: str = "stdout") -> str:
+    return json.dumps({stream: {"data": b64(bytes([65 + n % 26]) * 1024)}})
+
+
+@pytest.mark.anyio
+async def test_the_output_of_one_read_is_handed_on_as_few_events_whole_and_in_order(
+    nomad: tuple[Nomad, ExecClient],
+) -> None:
+    """Forty frames of 1 KiB that wait together come out as a few events (of
+    16 KiB at most each): what follows Nomad's frames costs per event, not
+    per frame. A frame of the other stream is not merged across."""
+    fake, client = nomad
+    frames = [_output(n) for n in range(20)] + [_output(0, "stderr")]
+    frames += [_output(n) for n in range(20, 40)]
+    frames.append(json.dumps({"exited": True, "result": {"exit_code": 2}}))
+
+    async def script(ws: ServerConnection) -> None:
+        for frame in frames:
+            await ws.send(frame)
+
+    fake.script = script
+    wire = sum(len(f) for f in frames)
+    assert wire < READ_HIGH_BYTES
+    async with client.session("alloc-1", "default-task", ["yes"]) as session:
+        await _until(lambda: session.held == wire, "every frame received")
+        events = [event async for event in session.events()]
+
+    def stdout(numbers: range) -> bytes:
+        return b"".join(bytes([65 + n % 26]) * 1024 for n in numbers)
+
+    assert len(events) <= 10, f"{len(events)} events for 42 frames"
+    assert events[-1] == Exited(2)
+    outputs = [e for e in events[:-1] if isinstance(e, Output)]
+    assert len(outputs) == len(events) - 1
+    streams = [e.stream for e in outputs]
+    cut = streams.index("stderr")
+    assert streams == ["stdout"] * cut + ["stderr"] + ["stdout"] * (len(streams) - cut - 1)
+    assert b"".join(e.data for e in outputs[:cut]) == stdout(range(20))
+    assert outputs[cut].data == b"A" * 1024
+    assert b"".join(e.data for e in outputs[cut + 1 :]) == stdout(range(20, 40))
+    assert max(len(e.data) for e in outputs) <= MERGE_BYTES
+
+
+@pytest.mark.anyio
+async def test_a_reader_that_does_not_read_pauses_reading_from_nomad(
+    nomad: tuple[Nomad, ExecClient],
+) -> None:
+    """Backpressure: while more than READ_HIGH_BYTES of frames wait, nothing
+    more is read from the socket (TCP then holds Nomad back); once taken,
+    reading goes on and every byte arrives, in order."""
+    fake, client = nomad
+    count = 4_000  # 4 MiB of output, 5.5 MiB of frames
+
+    async def script(ws: ServerConnection) -> None:
+        for n in range(count):
+            await ws.send(_output(n))
+        await ws.send(json.dumps({"exited": True, "result": {}}))
+
+    fake.script = script
+    async with client.session("alloc-1", "default-task", ["yes"]) as session:
+        await _until(lambda: session.held > READ_HIGH_BYTES, "the high mark reached")
+        transport = session._ws.transport  # what the pause acts on
+        assert not transport.is_reading()
+        # One read from the socket at most past the mark (asyncio: 256 KiB).
+        assert session.held <= READ_HIGH_BYTES + 256 * 1024 + 2048
+        received = b""
+        async for event in session.events():
+            if isinstance(event, Output):
+                received += event.data
+    assert received == b"".join(bytes([65 + n % 26]) * 1024 for n in range(count))
+
+
+@pytest.mark.parametrize(
+    ("events", "limit", "expected"),
+    [
+        ([], 8, []),
+        ([Exited(0)], 8, [Exited(0)]),
+        (
+            [Output("stdout", b"ab"), Output("stdout", b"cd"), Exited(1)],
+            8,
+            [Output("stdout", b"abcd"), Exited(1)],
+        ),
+        (
+            [Output("stdout", b"ab"), Output("stderr", b"x"), Output("stdout", b"cd")],
+            8,
+            [Output("stdout", b"ab"), Output("stderr", b"x"), Output("stdout", b"cd")],
+        ),
+        (
+            [Output("stdout", b"abcd"), Output("stdout", b"efgh"), Output("stdout", b"ij")],
+            4,
+            [Output("stdout", b"abcd"), Output("stdout", b"efgh"), Output("stdout", b"ij")],
+        ),
+        (
+            [Output("stdout", b"ab"), Output("stdout", b"cd"), Output("stdout", b"ef")],
+            3,
+            [Output("stdout", b"abcd"), Output("stdout", b"ef")],
+        ),
+        (
+            [Output("stdout", b"a"), StreamClosed("stdout"), Output("stderr", b"b")],
+            8,
+            [Output("stdout", b"a"), StreamClosed("stdout"), Output("stderr", b"b")],
+        ),
+    ],
+)
+def test_merged_joins_runs_of_one_stream_up_to_the_limit(
+    events: list[ExecEvent], limit: int, expected: list[ExecEvent]
+) -> None:
+    assert list(merged(events, limit)) == expected
+
+
+def test_merged_hands_on_the_output_before_a_frame_that_fails() -> None:
+    def frames() -> Any:
+        yield Output("stdout", b"a")
+        yield Output("stdout", b"b")
+        raise ExecRejected("Nomad sent a frame that is not JSON")
+
+    got: list[ExecEvent] = []
+
+    def drain() -> None:
+        got.extend(merged(frames()))
+
+    with pytest.raises(ExecRejected):
+        drain()
+    assert got == [Output("stdout", b"ab")]
 
 
 def _address(client: ExecClient) -> str:
