@@ -7,5 +7,6 @@ WebSocket frames.
 - `store`: one-shot execution ids between `POST /execute` and the connect;
 - `ids`: ids that name the replica that issued them, signed with the replicas' key (pure);
 - `relay`: one execution, from the connect to the terminal frame;
+- `outbox`: the frames waiting for a client, bounded by the output they hold;
 - `service`: the parts one API needs, wired together.
 """
