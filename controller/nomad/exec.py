@@ -48,6 +48,7 @@ from typing import Any, Literal
 from urllib.parse import urlencode, urlsplit
 
 import orjson
+import pybase64
 import tenacity
 import websockets
 from websockets.asyncio.client import ClientConnection
@@ -178,8 +179,7 @@ def output_frame(raw: str) -> Output | None:
             if not payload:
                 return None
             try:
-                # base64.b64decode(payload, validate=True), without its wrapping
-                return Output(stream, binascii.a2b_base64(payload, strict_mode=True))
+                return Output(stream, pybase64.b64decode(payload, validate=True))
             except (binascii.Error, ValueError):
                 return None
     return None
@@ -211,7 +211,7 @@ def read_frame(raw: str | bytes) -> list[ExecEvent]:
         data = part.get("data")
         if isinstance(data, str) and data:
             try:
-                events.append(Output(stream, base64.b64decode(data, validate=True)))
+                events.append(Output(stream, pybase64.b64decode(data, validate=True)))
             except (binascii.Error, ValueError):
                 raise ExecRejected(f"Nomad sent {stream} that is not base64") from None
         if part.get("close") is True:
