@@ -288,14 +288,14 @@ _MESSAGE_OPCODES = frozenset({Opcode.TEXT, Opcode.BINARY, Opcode.CONT})
 
 
 class FrameConnection(ClientConnection):
-    """websockets' client connection, whose messages are kept in a plain list
-    that `take` empties at once, rather than in websockets' queue, which
-    hands out one message a `recv()`.
+    """websockets' client connection, whose messages are kept in a plain deque
+    that `take` empties about 16 KiB at a time, rather than in websockets'
+    queue, which hands out one message a `recv()`.
 
     Nomad writes output 1 KiB a frame, and a `recv()` a frame (a future and a
     task switch each) was most of what relaying stdout cost the controller:
     one read from the socket holds dozens of frames, and here they are
-    appended as websockets' parser yields them and taken together. While more
+    appended as websockets' parser yields them and taken in batches. While more
     than READ_HIGH_BYTES wait, reading from the socket pauses, as it does
     behind websockets' own bounded queue: a slow reader holds Nomad back
     through TCP. The handshake and the control frames (ping, pong, close)
