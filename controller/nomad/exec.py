@@ -620,8 +620,6 @@ class ExecClient:
                 # backpressure reaches Nomad.
                 create_connection=FrameConnection,
             )
-            assert isinstance(ws, FrameConnection)
-            return ws
         except InvalidStatus as exc:
             body = exc.response.body or b""
             raise exec_refusal(exc.response.status_code, body.decode("utf-8", "replace")) from None
@@ -631,6 +629,9 @@ class ExecClient:
             # once). All of these: refused or cut before the upgrade.
             sock.close()
             raise ExecUnreachable(f"could not reach Nomad for exec: {exc!r}") from None
+        # Outside the try: this is our own wiring, never "Nomad unreachable".
+        assert isinstance(ws, FrameConnection)
+        return ws
 
     def _report(self, operation: str, outcome: str, status: str, seconds: float) -> None:
         report_request(self._on_request, operation, outcome, status, seconds)
