@@ -19,7 +19,7 @@ import requests
 
 from controller.nomad.connection import NomadConnection
 from controller.nomad.events import EventRef
-from controller.nomad.stream import EventStream
+from controller.nomad.stream import CHUNKED_READ_BYTES, EventStream
 from nomadsim import SimServer
 from tests.helpers import Http, runner_job, wait_until
 from tests.support.http_stub import address_of, serve_in_thread
@@ -339,3 +339,18 @@ def test_the_server_ending_the_stream_reconnects(
     wait_until(lambda: seen.indexes == [1, 2])
     assert "stream ended by the server" in caplog.text
     assert [r["index"] for r in server.requests] == [["1"], ["2"]]
+
+
+def test_a_frame_larger_than_a_read_and_a_small_one_after_it_arrive_at_once(
+    scripted: Callable[..., Scripted], streams: Any
+) -> None:
+    # A Job event carries the whole job: one frame may be larger than one read
+    # (CHUNKED_READ_BYTES), and the small frame after it must not wait for a
+    # read to fill (the server holds the connection open after it).
+    big = b'{"Index":5,"Events":[{"Topic":"Job","Key":"j5","Payload":{"Pad":"%s"}}]}\n' % (
+        b"x" * (CHUNKED_READ_BYTES * 2 + 17)
+    )
+    server = scripted([[b"{}\n", big, frame(6)]])
+    _, seen = streams(server.address)
+    wait_until(lambda: seen.indexes == [5, 6], timeout=3)
+    assert seen.keys("Job") == ["j5", "j6"]
