@@ -203,9 +203,10 @@ def run(quick: bool = False, profile: bool = False) -> Result:
             # An extra run, sampled: 50 clients offering 100 claims/s.
             wait_for(lambda: idle_runners(api, ENV_ID) >= pool, timeout=300, what="pool refilled")
             time.sleep(1.0)
-            bench_profile.start(api)
+            sampling = bench_profile.Sampling(api, ctl_proc)
+            sampling.start()
             sampled, _ = open_loop(api, 50, 100.0, 3.0 * scale)
-            table = bench_profile.per_unit(bench_profile.stop(api), len(sampled.latencies))
+            table = bench_profile.per_unit(sampling.stop(), len(sampled.latencies))
             result.details["profile"] = str(bench_profile.write("claims", "claim", table))
         result.details["runs"] = runs
         result.details["pool"] = pool

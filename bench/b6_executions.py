@@ -313,9 +313,10 @@ def run(quick: bool = False, profile: bool = False) -> Result:
             details["round_trip_20_clients_20_per_s"] = summary_ms(paced)
             if profile:
                 # An extra run, sampled: 10 executions/s of `echo hi`.
-                bench_profile.start(api)
+                sampling = bench_profile.Sampling(api, ctl)
+                sampling.start()
                 sampled = open_loop(api, runners, 10.0, 10 * scale)
-                table = bench_profile.per_unit(bench_profile.stop(api), len(sampled))
+                table = bench_profile.per_unit(sampling.stop(), len(sampled))
                 details["profile"] = str(bench_profile.write("executions", "execution", table))
             rss_before = ctl.rss_mb()
             with RssSampler(ctl, 0.05) as sampler:

@@ -1,14 +1,22 @@
 """`--profile` for the claims and executions benchmarks: where the
 controller's CPU goes per claim or per execution, by function.
 
-The controller process (bench/ctlproc.py) looks at every thread every 2 ms
-while a profiled run goes on (`/_bench/probe?sample=start` … `=stop`) and
-charges the CPU time the thread used since the last look to the functions on
-its stack: own (the function on top) and inclusive (anywhere on it). A thread
-that waited costs nothing. Divided by the claims or executions the run made,
-that is "CPU ms per claim" by function (time in C code — uvloop, httptools,
-the JSON encoder — goes to the Python function that called it or, for the
-event loop itself, to `asyncio.run`).
+py-spy (a dev dependency) samples the controller process from outside, 250
+times a second, every thread that is running, without stopping it
+(`--nonblocking`): own (the function on top) and inclusive (anywhere on the
+stack). Each function's share of the samples times the process's CPU over
+the run (user and system, from /proc), divided by the claims or executions
+the run made, is "CPU ms per claim" by function. Time in C code (uvloop,
+httptools, zlib, a socket's send) goes to the Python function that called it.
+
+The controller's own sampler (bench/ctlproc.py `Sampler`, behind
+`/_bench/probe?sample=start` … `=stop`) is the fallback where py-spy cannot
+attach (no ptrace rights, no binary). It needs the GIL to look, so it looks
+when the thread it looks at lets go of the GIL and charges what that thread
+spent since the last look to where it let go: the event loop's idle wait,
+or a C call that releases the GIL, gets the CPU of the Python code before
+it (docs/performance.md, "Profiling"). The result says which sampler made
+it.
 The profiled run is an extra run after the measured ones: the sampler's own
 cost never reaches the benchmark's figures.
 """
@@ -16,18 +24,122 @@ cost never reaches the benchmark's figures.
 from __future__ import annotations
 
 import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bench.common import RESULTS, Http
 
+RATE_HZ = 250
+TOP = 40
 
-def start(api: Http) -> None:
-    api.json("GET", "/_bench/probe?sample=start")
+
+class Profiled(Protocol):
+    """The controller's process as the benchmarks hold it."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def cpu_s(self) -> float: ...
 
 
-def stop(api: Http) -> dict[str, Any]:
-    return dict(api.json("GET", "/_bench/probe?sample=stop")["profile"])
+def py_spy() -> str | None:
+    """py-spy beside this interpreter (the venv's), else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+class Sampling:
+    """One profiled run: `start` it, run the load, `stop` it."""
+
+    def __init__(self, api: Http, process: Profiled) -> None:
+        self.api = api
+        self.process = process
+        self._spy: subprocess.Popen[bytes] | None = None
+        self._out = Path(tempfile.mkdtemp(prefix="nrc-profile-")) / "stacks.txt"
+        self._cpu0 = 0.0
+
+    def start(self) -> None:
+        binary = py_spy()
+        if binary is not None:
+            argv = [binary, "record", "--pid", str(self.process.pid), "--format", "raw"]
+            argv += ["--rate", str(RATE_HZ), "--nonblocking", "--output", str(self._out)]
+            spy = subprocess.Popen(
+                argv,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            time.sleep(1.0)  # attached, or failed to
+            if spy.poll() is None:
+                self._spy = spy
+                self._cpu0 = self.process.cpu_s()
+                return
+            why = spy.stderr.read().decode(errors="replace").strip() if spy.stderr else ""
+            print(f"py-spy could not sample the controller ({why[:200]}); its own sampler does")
+        self.api.json("GET", "/_bench/probe?sample=start")
+
+    def stop(self) -> dict[str, Any]:
+        """The CPU seconds by function, as `per_unit` takes them."""
+        spy = self._spy
+        if spy is None:
+            return {
+                "sampler": "in-process",
+                **self.api.json("GET", "/_bench/probe?sample=stop")["profile"],
+            }
+        cpu_s = self.process.cpu_s() - self._cpu0
+        spy.send_signal(signal.SIGINT)
+        try:
+            spy.wait(30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            spy.wait()
+        lines = self._out.read_text().splitlines() if self._out.exists() else []
+        shutil.rmtree(self._out.parent, ignore_errors=True)
+        return {"sampler": "py-spy", **charged(lines, cpu_s)}
+
+
+def charged(lines: Iterable[str], cpu_s: float, top: int = TOP) -> dict[str, Any]:
+    """py-spy's raw stacks (`outer (file:line);…;inner (file:line) N`) as CPU
+    seconds by function: `cpu_s` shared out by the samples, own to the
+    innermost frame, inclusive once to each function on the stack."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    samples = 0
+    for line in lines:
+        stack, _, count = line.rstrip().rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        names = [_function(frame) for frame in stack.split(";")]
+        samples += n
+        own[names[-1]] += n
+        for name in set(names):
+            inclusive[name] += n
+    each = cpu_s / samples if samples else 0.0
+
+    def ranked(counts: Counter[str], n: int) -> list[list[Any]]:
+        return [[name, c * each] for name, c in counts.most_common(n)]
+
+    return {
+        "rounds": samples,
+        "cpu_s": cpu_s,
+        "own": ranked(own, top),
+        "inclusive": ranked(inclusive, 2 * top),
+    }
+
+
+def _function(frame: str) -> str:
+    """`name (path:line)` as `path:name`: a function's lines counted together."""
+    name, _, where = frame.partition(" (")
+    path = where.rstrip(")").rpartition(":")[0] or where.rstrip(")")
+    return f"{path}:{name}"
 
 
 def per_unit(profile: dict[str, Any], units: int) -> dict[str, Any]:
@@ -35,6 +147,7 @@ def per_unit(profile: dict[str, Any], units: int) -> dict[str, Any]:
     ms = 1000 / max(1, units)
     return {
         "units": units,
+        "sampler": profile.get("sampler", "in-process"),
         "rounds": profile["rounds"],
         "cpu_ms_per_unit": round(float(profile["cpu_s"]) * ms, 4),
         "own_ms": [[name, round(s * ms, 4)] for name, s in profile["own"]],
@@ -49,7 +162,8 @@ def write(name: str, unit: str, table: dict[str, Any], directory: Path = RESULTS
     path.write_text(json.dumps({"unit": unit, **table}, indent=1) + "\n")
     lines = [
         f"controller CPU per {unit}: {table['cpu_ms_per_unit']:.3f} ms "
-        f"(sampled every 2 ms over {table['units']} {unit}s)",
+        f"({table['rounds']} samples by {table.get('sampler', 'in-process')} "
+        f"over {table['units']} {unit}s)",
         "",
         f"{'own ms':>9}  function",
         *(f"{ms:9.3f}  {fn}" for fn, ms in table["own_ms"]),

@@ -184,6 +184,10 @@ class ChildProcess:
     # -- its costs -----------------------------------------------------------------------
 
     @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
     def ps(self) -> psutil.Process:
         if self._ps is None:
             self._ps = psutil.Process(self.popen.pid)
