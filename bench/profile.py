@@ -2,12 +2,19 @@
 controller's CPU goes per claim or per execution, by function.
 
 py-spy (a dev dependency) samples the controller process from outside, 250
-times a second, every thread that is running, without stopping it
-(`--nonblocking`): own (the function on top) and inclusive (anywhere on the
-stack). Each function's share of the samples times the process's CPU over
-the run (user and system, from /proc), divided by the claims or executions
-the run made, is "CPU ms per claim" by function. Time in C code (uvloop,
-httptools, zlib, a socket's send) goes to the Python function that called it.
+times a second, without stopping it (`--nonblocking`), and keeps the stack
+of whichever thread holds the GIL (`--gil`): own (the function on top) and
+inclusive (anywhere on the stack). Each sample stands for 1/250 s of the
+GIL held, the one thing the event loop, the passes and the event stream
+queue for; divided by the claims or executions the run made, that is "GIL
+ms per claim" by function. Time in C code that keeps the GIL (uvloop,
+httptools, orjson, a socket's send on the event loop) goes to the Python
+function that called it; C code that lets the GIL go (a blocking read of
+`requests`, zlib on large inputs) is the process's CPU but no one's wait,
+and is not in the table. Without `--gil` py-spy cannot tell a thread
+blocked in a read or a queue from one at work here: the waits took most of
+the samples. The process's whole CPU (user and system, from /proc) heads
+the table.
 
 The controller's own sampler (bench/ctlproc.py `Sampler`, behind
 `/_bench/probe?sample=start` … `=stop`) is the fallback where py-spy cannot
@@ -70,7 +77,7 @@ class Sampling:
         binary = py_spy()
         if binary is not None:
             argv = [binary, "record", "--pid", str(self.process.pid), "--format", "raw"]
-            argv += ["--rate", str(RATE_HZ), "--nonblocking", "--output", str(self._out)]
+            argv += ["--rate", str(RATE_HZ), "--gil", "--nonblocking", "--output", str(self._out)]
             spy = subprocess.Popen(
                 argv,
                 stdout=subprocess.DEVNULL,
@@ -102,13 +109,13 @@ class Sampling:
             spy.wait()
         lines = self._out.read_text().splitlines() if self._out.exists() else []
         shutil.rmtree(self._out.parent, ignore_errors=True)
-        return {"sampler": "py-spy", **charged(lines, cpu_s)}
+        return {"sampler": "py-spy --gil", "cpu_s": cpu_s, **charged(lines, 1 / RATE_HZ)}
 
 
-def charged(lines: Iterable[str], cpu_s: float, top: int = TOP) -> dict[str, Any]:
-    """py-spy's raw stacks (`outer (file:line);…;inner (file:line) N`) as CPU
-    seconds by function: `cpu_s` shared out by the samples, own to the
-    innermost frame, inclusive once to each function on the stack."""
+def charged(lines: Iterable[str], sample_s: float, top: int = TOP) -> dict[str, Any]:
+    """py-spy's raw stacks (`outer (file:line);…;inner (file:line) N`) as
+    seconds by function, each sample `sample_s`: own to the innermost frame,
+    inclusive once to each function on the stack."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     samples = 0
@@ -122,14 +129,13 @@ def charged(lines: Iterable[str], cpu_s: float, top: int = TOP) -> dict[str, Any
         own[names[-1]] += n
         for name in set(names):
             inclusive[name] += n
-    each = cpu_s / samples if samples else 0.0
 
     def ranked(counts: Counter[str], n: int) -> list[list[Any]]:
-        return [[name, c * each] for name, c in counts.most_common(n)]
+        return [[name, c * sample_s] for name, c in counts.most_common(n)]
 
     return {
         "rounds": samples,
-        "cpu_s": cpu_s,
+        "sampled_s": samples * sample_s,
         "own": ranked(own, top),
         "inclusive": ranked(inclusive, 2 * top),
     }
@@ -150,6 +156,9 @@ def per_unit(profile: dict[str, Any], units: int) -> dict[str, Any]:
         "sampler": profile.get("sampler", "in-process"),
         "rounds": profile["rounds"],
         "cpu_ms_per_unit": round(float(profile["cpu_s"]) * ms, 4),
+        # what the table's functions add up to: the GIL held (py-spy), or all
+        # the CPU the in-process sampler shared out
+        "sampled_ms_per_unit": round(float(profile.get("sampled_s", profile["cpu_s"])) * ms, 4),
         "own_ms": [[name, round(s * ms, 4)] for name, s in profile["own"]],
         "inclusive_ms": [[name, round(s * ms, 4)] for name, s in profile["inclusive"]],
     }
@@ -161,9 +170,10 @@ def write(name: str, unit: str, table: dict[str, Any], directory: Path = RESULTS
     path = directory / f"{name}_profile.json"
     path.write_text(json.dumps({"unit": unit, **table}, indent=1) + "\n")
     lines = [
-        f"controller CPU per {unit}: {table['cpu_ms_per_unit']:.3f} ms "
+        f"controller CPU per {unit}: {table['cpu_ms_per_unit']:.3f} ms",
+        f"sampled per {unit}: {table.get('sampled_ms_per_unit', table['cpu_ms_per_unit']):.3f} ms "
         f"({table['rounds']} samples by {table.get('sampler', 'in-process')} "
-        f"over {table['units']} {unit}s)",
+        f"over {table['units']} {unit}s; py-spy --gil: the GIL held)",
         "",
         f"{'own ms':>9}  function",
         *(f"{ms:9.3f}  {fn}" for fn, ms in table["own_ms"]),

@@ -145,15 +145,15 @@ def test_a_profile_is_cpu_ms_per_unit_by_function(tmp_path: Path) -> None:
     assert "controller CPU per claim: 5.000 ms" in text and "3.000  a.py:1:f" in text
 
 
-def test_py_spy_stacks_share_out_the_cpu_by_function_own_and_inclusive() -> None:
+def test_py_spy_samples_of_the_gil_holder_are_time_by_function_own_and_inclusive() -> None:
     lines = [
         "main (ctl.py:3);serve (a.py:10);send (b.py:5) 6",
         "main (ctl.py:3);serve (a.py:12);serve (a.py:40) 2",  # recursion counts once
         "main (ctl.py:3);work (c.py:7) 2",
         "",  # py-spy ends with a blank line
     ]
-    profile = bench_profile.charged(lines, cpu_s=1.0)
-    assert profile["rounds"] == 10
+    profile = bench_profile.charged(lines, sample_s=0.1)
+    assert profile["rounds"] == 10 and profile["sampled_s"] == pytest.approx(1.0)
     assert dict(profile["own"]) == pytest.approx(
         {"b.py:send": 0.6, "a.py:serve": 0.2, "c.py:work": 0.2}
     )
@@ -161,8 +161,9 @@ def test_py_spy_stacks_share_out_the_cpu_by_function_own_and_inclusive() -> None
     assert inclusive == pytest.approx(
         {"ctl.py:main": 1.0, "a.py:serve": 0.8, "b.py:send": 0.6, "c.py:work": 0.2}
     )
-    table = bench_profile.per_unit({"sampler": "py-spy", **profile}, 100)
-    assert table["sampler"] == "py-spy" and table["cpu_ms_per_unit"] == 10.0
+    table = bench_profile.per_unit({"sampler": "py-spy --gil", "cpu_s": 2.0, **profile}, 100)
+    assert table["sampler"] == "py-spy --gil"
+    assert (table["cpu_ms_per_unit"], table["sampled_ms_per_unit"]) == (20.0, 10.0)
 
 
 def test_a_bare_claim_write_is_the_register_a_claim_makes_with_its_time_and_index() -> None:
