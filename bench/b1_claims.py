@@ -205,7 +205,7 @@ def run(quick: bool = False, profile: bool = False) -> Result:
             time.sleep(1.0)
             sampling = bench_profile.Sampling(api, ctl_proc)
             sampling.start()
-            sampled, _ = open_loop(api, 50, 100.0, 3.0 * scale)
+            sampled, _ = open_loop(api, 50, 100.0, 10.0 * scale)  # ~600 samples
             table = bench_profile.per_unit(sampling.stop(), len(sampled.latencies))
             result.details["profile"] = str(bench_profile.write("claims", "claim", table))
         result.details["runs"] = runs
