@@ -424,15 +424,21 @@ class Claims:
             return True
 
     def last_activity(self, views: Iterable[RunnerView]) -> dict[str, int]:
-        """When each claimed runner was last touched, through this replica or
-        (leader election on) any other (claim time or our start at least).
-        Reads the other replicas' activity from Nomad when it is due."""
-        views = tuple(views)
-        remote: Mapping[str, int] | None = {}
-        if self._shared is not None and any(_may_expire(v) for v in views):
-            remote = self._shared.read()  # an environment without timers reads nothing
+        """When each claimed runner with an inactivity timer was last touched,
+        through this replica or (leader election on) any other (claim time or
+        our start at least). Reads the other replicas' activity from Nomad
+        when it is due. A pass asks about every runner of its environment, and
+        the held ones without a timer can be thousands: they are passed over."""
+        timed = [
+            v
+            for v in views
+            if (c := v.job.claim) is not None and c.timeout > 0 and c.lost_reason is None
+        ]  # _may_expire, inlined: one call fewer per runner
+        if not timed:
+            return {}  # an environment without timers reads nothing
+        remote = self._shared.read() if self._shared is not None else {}
         with self._lock:
-            return self._last_activity_locked(views, remote)
+            return self._last_activity_locked(timed, remote)
 
     def _last_activity_locked(
         self, views: Iterable[RunnerView], remote: Mapping[str, int] | None
