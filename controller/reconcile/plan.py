@@ -193,15 +193,24 @@ def _next_budget(inp: PlanInput, idle: list[RunnerView], failures: int) -> Budge
 
 
 def plan(inp: PlanInput) -> Plan:
-    views = [v for v in inp.runners if v.id not in inp.deleting]
-    claimed = [v for v in views if v.claimed]
-    idle = [v for v in views if not v.claimed]
+    # One walk over the runners: an environment's held runners can be
+    # thousands, and a pass runs after every claim.
+    claimed: list[RunnerView] = []
+    idle: list[RunnerView] = []
+    lost = 0
+    deleting = inp.deleting
+    for v in inp.runners:
+        if deleting and v.job.id in deleting:
+            continue
+        claim = v.job.claim
+        if claim is None:
+            idle.append(v)
+        else:
+            claimed.append(v)
+            lost += claim.lost_reason is not None
     deadlines: list[int] = []
     actions: list[Action] = _claimed_actions(inp, claimed, deadlines)
-    counts = PoolCounts(
-        claimed=sum(1 for v in claimed if v.job.claim and v.job.claim.lost_reason is None),
-        lost=sum(1 for v in claimed if v.job.claim and v.job.claim.lost_reason is not None),
-    )
+    counts = PoolCounts(claimed=len(claimed) - lost, lost=lost)
     env = inp.env
     if env is None:
         if inp.orphan_since is not None:
@@ -213,10 +222,11 @@ def plan(inp: PlanInput) -> Plan:
 
     pool: list[RunnerView] = []
     failures = 0
+    template_hash = env.template_hash
     for v in idle:
         if not v.known:
             pool.append(v)  # unreadable: count it so we never over-create, never touch it
-        elif v.job.template_hash != env.template_hash:
+        elif v.job.template_hash != template_hash:
             actions.append(DeleteRunner(v.id, DeleteReason.OUTDATED))
         elif v.phase in (Phase.DEAD, Phase.STOPPING):
             actions.append(DeleteRunner(v.id, DeleteReason.DEAD))
