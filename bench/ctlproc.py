@@ -206,7 +206,10 @@ class Sampler:
     one thread): every 2 ms, each thread's CPU time since the last look is
     charged to the functions on its stack — own to the top one, inclusive
     to every one. A thread that waited costs nothing, wherever it waits
-    (uvloop's C loop included). Started and read through
+    (uvloop's C loop included). It looks only when it gets the GIL, so the
+    CPU lands where the thread let go of it (a wait, a C call that releases
+    it): the totals hold, the shares lean; `--profile` uses py-spy where it
+    can (bench/profile.py). Started and read through
     `/_bench/probe?sample=start` and `?sample=stop` (or `=<path>`)."""
 
     def __init__(self, interval_s: float = 0.002) -> None:
