@@ -70,32 +70,32 @@ class Sampling:
         self.api = api
         self.process = process
         self._spy: subprocess.Popen[bytes] | None = None
-        self._out = Path(tempfile.mkdtemp(prefix="nrc-profile-")) / "stacks.txt"
+        self._dir: Path | None = None
         self._cpu0 = 0.0
 
     def start(self) -> None:
         binary = py_spy()
         if binary is not None:
+            self._dir = Path(tempfile.mkdtemp(prefix="nrc-profile-"))
             argv = [binary, "record", "--pid", str(self.process.pid), "--format", "raw"]
-            argv += ["--rate", str(RATE_HZ), "--gil", "--nonblocking", "--output", str(self._out)]
-            spy = subprocess.Popen(
-                argv,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-            )
+            argv += ["--rate", str(RATE_HZ), "--gil", "--nonblocking"]
+            argv += ["--output", str(self._dir / "stacks.txt")]
+            with open(self._dir / "stderr.txt", "wb") as stderr:
+                spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr)
             time.sleep(1.0)  # attached, or failed to
             if spy.poll() is None:
                 self._spy = spy
                 self._cpu0 = self.process.cpu_s()
                 return
-            why = spy.stderr.read().decode(errors="replace").strip() if spy.stderr else ""
+            why = (self._dir / "stderr.txt").read_text(errors="replace").strip()
+            shutil.rmtree(self._dir, ignore_errors=True)
             print(f"py-spy could not sample the controller ({why[:200]}); its own sampler does")
         self.api.json("GET", "/_bench/probe?sample=start")
 
     def stop(self) -> dict[str, Any]:
-        """The CPU seconds by function, as `per_unit` takes them."""
-        spy = self._spy
-        if spy is None:
+        """The seconds by function, as `per_unit` takes them."""
+        spy, directory = self._spy, self._dir
+        if spy is None or directory is None:
             return {
                 "sampler": "in-process",
                 **self.api.json("GET", "/_bench/probe?sample=stop")["profile"],
@@ -107,8 +107,9 @@ class Sampling:
         except subprocess.TimeoutExpired:
             spy.kill()
             spy.wait()
-        lines = self._out.read_text().splitlines() if self._out.exists() else []
-        shutil.rmtree(self._out.parent, ignore_errors=True)
+        stacks = directory / "stacks.txt"
+        lines = stacks.read_text().splitlines() if stacks.exists() else []
+        shutil.rmtree(directory, ignore_errors=True)
         return {"sampler": "py-spy --gil", "cpu_s": cpu_s, **charged(lines, 1 / RATE_HZ)}
 
 

@@ -429,11 +429,7 @@ class Claims:
         our start at least). Reads the other replicas' activity from Nomad
         when it is due. A pass asks about every runner of its environment, and
         the held ones without a timer can be thousands: they are passed over."""
-        timed = [
-            v
-            for v in views
-            if (c := v.job.claim) is not None and c.timeout > 0 and c.lost_reason is None
-        ]  # _may_expire, inlined: one call fewer per runner
+        timed = [v for v in views if _may_expire(v)]
         if not timed:
             return {}  # an environment without timers reads nothing
         remote = self._shared.read() if self._shared is not None else {}
