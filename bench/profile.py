@@ -46,6 +46,8 @@ from bench.common import RESULTS, Http
 
 RATE_HZ = 250
 TOP = 40
+# What each sampler's table adds up to.
+SAMPLED = {"py-spy --gil": "GIL held", "in-process": "CPU shared out"}
 
 
 class Profiled(Protocol):
@@ -172,9 +174,9 @@ def write(name: str, unit: str, table: dict[str, Any], directory: Path = RESULTS
     path.write_text(json.dumps({"unit": unit, **table}, indent=1) + "\n")
     lines = [
         f"controller CPU per {unit}: {table['cpu_ms_per_unit']:.3f} ms",
-        f"sampled per {unit}: {table.get('sampled_ms_per_unit', table['cpu_ms_per_unit']):.3f} ms "
-        f"({table['rounds']} samples by {table.get('sampler', 'in-process')} "
-        f"over {table['units']} {unit}s; py-spy --gil: the GIL held)",
+        f"{SAMPLED.get(table['sampler'], 'sampled')} per {unit}: "
+        f"{table['sampled_ms_per_unit']:.3f} ms ({table['rounds']} samples by "
+        f"{table['sampler']} over {table['units']} {unit}s)",
         "",
         f"{'own ms':>9}  function",
         *(f"{ms:9.3f}  {fn}" for fn, ms in table["own_ms"]),
