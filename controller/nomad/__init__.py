@@ -5,7 +5,8 @@ reader, the variable lock and the runner job layout.
 - `gateway`: the interface (`NomadGateway`) the rest depends on;
 - `errors`: Nomad's errors, direct and forwarded, classified once; the retry policy;
 - `connection`: where and how to reach Nomad, built once from the settings;
-- `client`: its implementation on python-nomad; `aclient`: a claim's
+- `client`: its implementation on python-nomad, over `session`, a requests
+  session whose plain requests skip the session layer; `aclient`: a claim's
   register on the API's event loop (no thread hop);
 - `decode`: Nomad's JSON → the model;
 - `stream`, `events`: the event-stream reader and its frames as typed references;

@@ -10,7 +10,10 @@ per-call timeout and no lock operation, and the variable ones do not apply the
 client's namespace. The requesters are built directly rather than through
 `nomad.Nomad`, which silently falls back to NOMAD_TOKEN, NOMAD_ADDR,
 NOMAD_NAMESPACE, NOMAD_REGION and NOMAD_CLIENT_CERT/KEY from the environment
-and defaults to `verify=False`: every setting here is explicit.
+and defaults to `verify=False`: every setting here is explicit. The session
+python-nomad sends through is a `DirectSession` (`session`): a plain request
+goes from it straight to requests' adapter, without the session layer that
+cost more of the controller's CPU than the request itself.
 
 Error answers are read by `controller.nomad.errors.classify`, direct and
 forwarded (`rpc error: …`) alike, and retried by its one policy: transient
@@ -54,6 +57,7 @@ from controller.nomad.gateway import (
     VariableStub,
     WriteResult,
 )
+from controller.nomad.session import DirectSession
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +120,7 @@ class NomadClient:
         self.namespace = connection.namespace
         self._timeout_s = timeout_s
         self._on_request = on_request
-        self._session = requests.Session()
+        self._session = DirectSession()
         # Explicit settings only (see the module docstring): no proxies, CA
         # bundle or .netrc from the environment, which requests would also look
         # up with file-system calls on every request.

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 from controller.nomad.aclient import AsyncJobWriter
 from controller.nomad.client import NomadClient, go_duration
@@ -28,6 +27,7 @@ from controller.nomad.gateway import (
     NomadGateway,
     NomadUnavailable,
 )
+from controller.nomad.session import DirectSession
 from nomadsim import SimConfig, SimServer
 from tests.helpers import Http, runner_job, wait_until
 from tests.support.http_stub import address_of, serve_in_thread
@@ -454,13 +454,13 @@ def test_token_region_and_tls_settings_reach_the_wire(
     for path in (ca, cert, key):
         path.write_text("not used over plain HTTP")
     sent: list[dict[str, Any]] = []
-    real_request = requests.Session.request
+    real_request = DirectSession.request
 
-    def spy(self: requests.Session, method: str, url: str, **kwargs: Any) -> Any:
+    def spy(self: DirectSession, method: str, url: str, **kwargs: Any) -> Any:
         sent.append({"method": method, "url": url, **kwargs})
         return real_request(self, method, url, **kwargs)
 
-    monkeypatch.setattr(requests.Session, "request", spy)
+    monkeypatch.setattr(DirectSession, "request", spy)
     monkeypatch.setenv("NOMAD_TOKEN", "from-the-environment")  # python-nomad's fallback: unused
     client, _ = make_client(
         shared.address,
