@@ -89,10 +89,8 @@ class DirectSession(requests.Session):
                 json=json,
             )
 
-        prepared = self._plain(method, url, params, data, headers, json)
         if (
-            prepared is None
-            or stream
+            stream
             or cookies
             or files
             or auth
@@ -104,32 +102,28 @@ class DirectSession(requests.Session):
             or self.proxies
         ):
             return whole()
+        prepared = self._plain(method, url, params, data, headers, json)
+        if prepared is None:
+            return whole()
         adapter = self.get_adapter(prepared.url or "")
-        # As `Session.merge_environment_settings` without the environment:
-        # the call's setting, else the session's.
-        verifying: bool | str = (self.verify if verify is None else verify) or False
+        # What `Session.send` hands the adapter and the hooks; verify and cert
+        # as `Session.merge_environment_settings` without the environment: the
+        # call's setting, else the session's.
+        settings: dict[str, Any] = {
+            "stream": False,
+            "timeout": timeout,
+            "verify": (self.verify if verify is None else verify) or False,
+            "cert": self.cert if cert is None else cert,
+            "proxies": {},
+        }
         started = time.perf_counter()
-        response = adapter.send(
-            prepared,
-            stream=False,
-            timeout=timeout,
-            verify=verifying,
-            cert=self.cert if cert is None else cert,
-            proxies={},
-        )
+        response = adapter.send(prepared, **settings)
         response.elapsed = timedelta(seconds=time.perf_counter() - started)
-        # The session's response hooks, as `Session.send` calls them
-        # (requests' `dispatch_hook`): a hook may replace the response.
+        # The session's response hooks, as requests' `dispatch_hook` calls
+        # them: a hook may replace the response.
         response_hooks: list[Callable[..., object]] = list(self.hooks.get("response") or ())
         for hook in response_hooks:
-            replaced = hook(
-                response,
-                stream=False,
-                timeout=timeout,
-                verify=verifying,
-                cert=self.cert if cert is None else cert,
-                proxies={},
-            )
+            replaced = hook(response, **settings)
             if isinstance(replaced, requests.Response):
                 response = replaced
         if allow_redirects and response.is_redirect:
