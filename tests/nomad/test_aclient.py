@@ -5,12 +5,10 @@ as NomadClient.register_job, through a client agent as in production."""
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import trustme
 
 from controller.nomad.aclient import AsyncJobWriter
 from controller.nomad.client import NomadClient
@@ -20,6 +18,7 @@ from nomadsim import SimServer
 from tests.helpers import Http, runner_job
 from tests.nomad.test_forwarded import Outcomes
 from tests.support.ports import free_port
+from tests.support.tls import mutual_tls
 
 
 @pytest.fixture
@@ -125,16 +124,8 @@ def test_a_closed_writer_opens_new_connections_on_its_next_loop(entry: str) -> N
 def test_mutual_tls_token_namespace_and_region_as_configured(tmp_path: Path) -> None:
     """The same TLS (the Nomad CA, a client certificate), ACL token,
     namespace and region as every other call to Nomad."""
-    ca = trustme.CA()
-    server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(server_ssl)
-    ca.configure_trust(server_ssl)
-    server_ssl.verify_mode = ssl.CERT_REQUIRED
-    ca_file, cert_file, key_file = (tmp_path / n for n in ("ca.pem", "c.pem", "k.pem"))
-    ca.cert_pem.write_to_path(str(ca_file))
-    client = ca.issue_cert("nomad-runner-controller")
-    client.cert_chain_pems[0].write_to_path(str(cert_file))
-    client.private_key_pem.write_to_path(str(key_file))
+    tls = mutual_tls(tmp_path)
+    server_ssl, ca_file, cert_file, key_file = tls.server, tls.ca_file, tls.cert_file, tls.key_file
     heads: list[bytes] = []
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

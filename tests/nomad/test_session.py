@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import ssl
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,13 +14,13 @@ from typing import Any
 
 import pytest
 import requests
-import trustme
 
 from controller.nomad.client import NomadClient
 from controller.nomad.connection import NomadConnection
 from controller.nomad.errors import NomadUnavailable
 from controller.nomad.session import DirectSession
 from tests.support.http_stub import address_of, serve_in_thread
+from tests.support.tls import mutual_tls
 
 # What the stub heard: (request line, headers in order, body).
 Heard = tuple[str, list[tuple[str, str]], bytes]
@@ -184,16 +183,8 @@ def test_transport_failures_are_requests_own() -> None:
 
 
 def test_mutual_tls_through_the_nomad_client(tmp_path: Path) -> None:
-    ca = trustme.CA()
-    server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(server_ssl)
-    ca.configure_trust(server_ssl)
-    server_ssl.verify_mode = ssl.CERT_REQUIRED
-    ca_file, cert_file, key_file = (tmp_path / n for n in ("ca.pem", "c.pem", "k.pem"))
-    ca.cert_pem.write_to_path(str(ca_file))
-    issued = ca.issue_cert("nomad-runner-controller")
-    issued.cert_chain_pems[0].write_to_path(str(cert_file))
-    issued.private_key_pem.write_to_path(str(key_file))
+    tls = mutual_tls(tmp_path)
+    ca_file, cert_file, key_file = tls.ca_file, tls.cert_file, tls.key_file
 
     class Jobs(Recorder):
         def _answer(self) -> None:
@@ -209,7 +200,7 @@ def test_mutual_tls_through_the_nomad_client(tmp_path: Path) -> None:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Jobs)
     server.heard = []  # type: ignore[attr-defined]
-    server.socket = server_ssl.wrap_socket(server.socket, server_side=True)
+    server.socket = tls.server.wrap_socket(server.socket, server_side=True)
     threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
     ).start()

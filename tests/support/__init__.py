@@ -7,7 +7,7 @@ the conftest files and call into these modules:
   the opener that records and refuses them) for the relay and file tests;
 - `ports`, `processes`, `controller`: loopback ports, child processes, and
   controllers started in this process or as a child;
-- `sim`: the simulator's test timings;
+- `sim`: the simulator's test timings; `tls`: mutual TLS for stand-in servers;
 - `api_client`: the API tests' OpenAPI-checked clients and request bodies;
 - `balancer`: a round-robin TCP load balancer with health checks, in front
   of controller replicas;
