@@ -21,7 +21,12 @@ machine, and the ratio of the two is what the controller adds.
   HTTP stack and write with nothing behind them, on jobs of its own; and
   "beside the upkeep": a floor process that claims the controller's own
   idle runners, each once, while the controller refills the pool in its
-  own process (an API that observes nothing, the upkeep beside it).
+  own process (an API that observes nothing, the upkeep beside it). And
+  "the floor and its refill": the floor on its own jobs registering one new
+  runner job after each claim's answer, with no observation and no pass, the
+  least Nomad work a warm pool asks for per claim (its jobs deleted after
+  each phase; its closed loop stops at the pool's size, as the
+  controller's does).
 - Executions (`echo hi`, POST + WebSocket until the exit frame and the close)
   at 10/s open loop on 10 claimed runners, against a bare Nomad exec of
   `sh -c 'echo hi'` (tty false, until the exit frame) in the same
@@ -493,6 +498,18 @@ class Bench:
         return claims_to(self.api)(k, i)
 
     @contextlib.contextmanager
+    def floor_refilling(self) -> Iterator[Http]:
+        """The floor registering a new job after each claim; once the phase
+        is over, it waits for those under way and deletes them all."""
+        assert self.floor is not None
+        floor = self.floor[1]
+        floor.json("GET", "/_bench/refill?on=1")
+        try:
+            yield floor
+        finally:
+            floor.json("GET", "/_bench/refill?on=0")
+
+    @contextlib.contextmanager
     def beside_the_upkeep(self) -> Iterator[tuple[ChildProcess, Http]]:
         """A floor process that claims the controller's own idle runners
         (`bench.floorproc`, `BENCH_FLOOR_IDLE_OF`), started on a full and
@@ -520,6 +537,8 @@ class Bench:
             "closed_bare",
             "closed_floor",
             "closed_beside",
+            "open_refill",
+            "closed_refill",
         )
         out: dict[str, list[Load]] = {k: [] for k in phases}
         assert self.floor is not None
@@ -546,6 +565,8 @@ class Bench:
             bare.prepare()
             out["open_bare"].append(self.metered("bare writes", writes_open))
             out["open_floor"].append(self.metered("floor claims", floor_open))
+            with self.floor_refilling():
+                out["open_refill"].append(self.metered("floor claims refilling", floor_open))
             with self.beside_the_upkeep() as (proc, beside):
                 out["open_beside"].append(
                     self.metered(
@@ -566,6 +587,10 @@ class Bench:
             out["closed_floor"].append(
                 closed_loop(CLIENTS, s.closed_s, 10**9, claims_to(floor), floor)
             )
+            with self.floor_refilling():
+                out["closed_refill"].append(
+                    closed_loop(CLIENTS, s.closed_s, cap, claims_to(floor), floor)
+                )
             with self.beside_the_upkeep() as (_, beside):
                 out["closed_beside"].append(
                     closed_loop(CLIENTS, s.closed_s, cap, claims_to(beside), beside)
@@ -820,6 +845,10 @@ def figures(
     # the controller, in its own process, observes them and refills the pool.
     beside = "through the floor, the controller refilling"
     stack_figures(result, "beside the upkeep", beside, claims, "beside", bare, bare_rate)
+    # The floor and its refill: what a claim and the creation it causes cost
+    # Nomad here, with nothing of the controller.
+    refilled = "through the floor, one creation after each"
+    stack_figures(result, "floor and its refill", refilled, claims, "refill", bare, bare_rate)
     ctl, bare = pooled(execs["open"]), pooled(execs["open_bare"])
     at = f"{EXEC_RATE:.0f}/s on {EXEC_RUNNERS} runners"
     for p in (50, 99):
@@ -870,6 +899,14 @@ def figures(
         floor_cpu.get("floor"),
         "ms",
         note=f"simulator {_ms(floor_cpu.get('simulator'))} ms",
+    )
+    refill_cpu = cpu.get("floor claims refilling") or {}
+    result.add(
+        "floor and its refill: simulator CPU per claim and its creation",
+        refill_cpu.get("simulator"),
+        "ms",
+        note=f"a bare write {_ms((cpu.get('bare writes') or {}).get('simulator'))} ms; "
+        f"floor {_ms(refill_cpu.get('floor'))} ms",
     )
     beside_cpu = cpu.get("claims beside the upkeep") or {}
     result.add(

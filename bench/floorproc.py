@@ -21,6 +21,14 @@ controller beside it sees the claims as any replica's and refills its pool:
 this is an API that observes nothing and is handed runners, with the upkeep
 in a process of its own (`ratios`, "beside the upkeep").
 
+On its own jobs it can also refill (`ratios`, "the floor and its refill"):
+after `GET /_bench/refill?on=1`, each claim's answer is followed by the
+registration of one new runner job (`REFILL_PREFIX`, not a runner id), the
+least Nomad work a warm pool asks for per claim, with no observation and
+no pass; `GET /_bench/refill?on=0` waits for the registrations under way,
+deletes every job it made (so the simulator's nodes keep room for the
+controller's pool) and answers once they are gone.
+
 Settings from the environment: `NOMAD_ADDR`, `NRC_API_PORT`,
 `BENCH_FLOOR_PREFIX`, `BENCH_FLOOR_IDLE_OF`. SIGTERM stops it.
 """
@@ -30,13 +38,17 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import uuid
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import requests
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+from bench.simproc import environment
 from controller.api import head_deadline
 from controller.api.errors import ApiError, error_response
 from controller.api.models import RunnerCreated
@@ -45,6 +57,7 @@ from controller.model import Claim
 from controller.nomad import jobs
 from controller.nomad.aclient import AsyncJobWriter
 from controller.nomad.budget import BudgetSettings, shares
+from controller.nomad.client import NomadClient
 from controller.nomad.connection import NomadConnection
 from controller.nomad.decode import decode_allocation
 from controller.nomad.gateway import JsonDict
@@ -52,6 +65,17 @@ from controller.nomad.gateway import JsonDict
 # A free job: its spec, its JobModifyIndex, and for a controller's runner
 # its running allocation and that allocation's restarts (None: a floor job).
 Free = tuple[JsonDict, int, tuple[str, int] | None]
+
+REFILL_PREFIX = "floor-refill-"
+
+
+@dataclass(frozen=True)
+class Refill:
+    """How the floor refills: a new job's spec by id, and how a job it made
+    is deleted again (blocking; run on a thread)."""
+
+    spec: Callable[[str], JsonDict]
+    delete: Callable[[str], object]
 
 
 def read_jobs(nomad: str, prefix: str) -> deque[Free]:
@@ -90,11 +114,37 @@ def read_idle_runners(nomad: str, env_id: int) -> deque[Free]:
     return free
 
 
-def app(writer: AsyncJobWriter, free: deque[Free], *, once: bool = False) -> FastAPI:
+def app(
+    writer: AsyncJobWriter,
+    free: deque[Free],
+    *,
+    once: bool = False,
+    refill: Refill | None = None,
+) -> FastAPI:
     """`once`: each job is claimed once (a controller's runners), else they
-    are written round and round."""
+    are written round and round. `refill`: how a new job is made after each
+    claim while refilling is on (`GET /_bench/refill`, see the module docstring)."""
     api = FastAPI()
     available = asyncio.Semaphore(len(free))
+    refilling = [False]
+    creations: set[asyncio.Task[object]] = set()
+    created: list[str] = []
+
+    async def create(refill: Refill) -> None:
+        job_id = f"{REFILL_PREFIX}{uuid.uuid4()}"
+        created.append(job_id)
+        await writer.register_job(refill.spec(job_id))
+
+    if refill is not None:
+
+        @api.get("/_bench/refill")
+        async def switch(on: bool) -> Response:
+            refilling[0] = on
+            if not on:
+                await asyncio.gather(*creations, return_exceptions=True)
+                while created:
+                    await asyncio.to_thread(refill.delete, created.pop())
+            return Response(status_code=200)
 
     @api.exception_handler(ApiError)
     async def refused(_: Request, exc: ApiError) -> JSONResponse:
@@ -122,9 +172,20 @@ def app(writer: AsyncJobWriter, free: deque[Free], *, once: bool = False) -> Fas
             finally:
                 if not once:
                     free.append((spec, index, alloc))
+        if refill is not None and refilling[0]:
+            task = asyncio.get_running_loop().create_task(create(refill))
+            creations.add(task)
+            task.add_done_callback(creations.discard)
         return RunnerCreated(runnerId=str(spec["ID"]), mappedPorts=[])
 
     return api
+
+
+def refill_job(job_id: str) -> JsonDict:
+    """A new idle runner job as the controller creates it from a template
+    (the environment's id only names its layout: `job_id` is no runner id)."""
+    env = environment(0, 0)
+    return jobs.runner_job(jobs.template_job(env), env, job_id)
 
 
 def main() -> None:
@@ -137,8 +198,9 @@ def main() -> None:
     # As many kept-alive connections as the controller's claims write through.
     pool = shares(BudgetSettings()).claim_pool
     writer = AsyncJobWriter(NomadConnection(address=nomad), connections=pool)
+    refill = Refill(refill_job, NomadClient(NomadConnection(address=nomad)).deregister_job)
     config = uvicorn.Config(
-        app(writer, free, once=bool(idle_of)),
+        app(writer, free, once=True) if idle_of else app(writer, free, refill=refill),
         host="127.0.0.1",
         port=int(os.environ["NRC_API_PORT"]),
         log_config=None,

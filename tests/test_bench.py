@@ -32,6 +32,7 @@ from bench.common import (
 from controller.model import Claim
 from controller.nomad import jobs
 from controller.nomad.aclient import AsyncJobWriter
+from controller.nomad.client import NomadClient
 from controller.nomad.connection import NomadConnection
 from nomadsim import SimServer
 from tests.helpers import wait_until
@@ -202,6 +203,39 @@ def test_the_floor_serves_claims_with_the_controllers_stack_and_write(sim: SimSe
     for job_id in set(ids):
         spec = nomad.json("GET", f"/v1/job/{job_id}")
         assert jobs.runner_from_job(spec, b14_ratios.ENV_ID).claim is not None, spec
+
+
+def test_the_floor_and_its_refill_registers_one_job_after_each_claim_and_deletes_them(
+    sim: SimServer,
+) -> None:
+    """bench.floorproc's refill (`ratios`, "the floor and its refill"): while
+    on, each claim is followed by one new runner job that is no runner of
+    the controller's; switched off, it waits for them and deletes them all."""
+    nomad = Http(sim.address)
+    b14_ratios.BareJobs(nomad, 2, b14_ratios.FLOOR_PREFIX)
+    free = floorproc.read_jobs(sim.address, b14_ratios.FLOOR_PREFIX)
+    writer = AsyncJobWriter(NomadConnection(address=sim.address), connections=2)
+    refill = floorproc.Refill(
+        floorproc.refill_job, NomadClient(NomadConnection(address=sim.address)).deregister_job
+    )
+
+    def made() -> list[str]:
+        listed = nomad.json("GET", f"/v1/jobs?prefix={floorproc.REFILL_PREFIX}")
+        return [j["ID"] for j in listed if not j.get("Stop")]
+
+    with TestClient(floorproc.app(writer, free, refill=refill)) as api:
+        assert api.post("/api/v1/runners", json=b14_ratios.CLAIM).status_code == 200
+        assert made() == []  # refilling is off until switched on
+        assert api.get("/_bench/refill?on=1").status_code == 200
+        for _ in range(3):
+            assert api.post("/api/v1/runners", json=b14_ratios.CLAIM).status_code == 200
+        wait_until(lambda: len(made()) == 3, timeout=10)
+        for job_id in made():
+            assert jobs.env_id_of(job_id) is None  # never one of the controller's runners
+            spec = nomad.json("GET", f"/v1/job/{job_id}")
+            assert jobs.runner_from_job(spec, 0).claim is None  # an idle runner's layout
+        assert api.get("/_bench/refill?on=0").status_code == 200
+        assert made() == []
 
 
 def test_the_floor_beside_the_upkeep_claims_each_idle_runner_once(sim: SimServer) -> None:
