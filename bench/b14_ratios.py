@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -82,6 +83,12 @@ from bench.common import (
     summary_ms,
     wait_for,
 )
+from controller.execution.command import (
+    ExecSettings,
+    ExecutionRequest,
+    main_command,
+    stderr_command,
+)
 from controller.model import Claim, Environment
 from controller.nomad import jobs
 from tests.support.controller import start_controller_process
@@ -98,6 +105,8 @@ CLAIM_RATE = 100.0
 EXEC_RUNNERS = 10
 EXEC_RATE = 10.0
 ECHO = "echo hi"
+# Seconds a bench exec may go without a frame before it is given up.
+EXEC_SILENCE_S = 60.0
 CLAIM = {"executionEnvironmentId": ENV_ID, "inactivityTimeout": 0}
 # Stand-ins in a bare write's encoded body, replaced per write.
 _CLAIMED_AT = 1111111111111111111
@@ -359,24 +368,67 @@ def bare_exec(
 ) -> tuple[float, int | None, int]:
     """One bare Nomad exec: (seconds from the connect to the exit frame, exit
     code or None, stdout bytes)."""
+    seconds, code, size, _ = nomad_exec(alloc, argv, tty)
+    return seconds, code, size
+
+
+def nomad_exec(
+    alloc: Allocation, argv: Sequence[str], tty: bool = False, keep: bool = False
+) -> tuple[float, int | None, int, bytes]:
+    """One Nomad exec straight to the allocation's agent: (seconds from the
+    connect to the exit frame, exit code or None, stdout bytes, and the
+    stdout itself when `keep`)."""
     command = json.dumps(list(argv))
     query = urlencode({"task": jobs.RUNNER_TASK, "command": command, "tty": str(tty).lower()})
     url = f"{alloc.agent}/v1/client/allocation/{alloc.alloc_id}/exec?{query}"
     started = time.perf_counter()
     code: int | None = None
     size = 0
+    kept: list[bytes] = []
     seconds = 0.0
     with connect(url, max_size=None, compression=None) as ws:
-        for raw in ws:
-            frame = json.loads(raw)
+        while True:
+            # A side of a FIFO whose other side never came would wait forever.
+            frame = json.loads(ws.recv(timeout=EXEC_SILENCE_S))
             out = frame.get("stdout") or {}
             if "data" in out:
-                size += len(base64.b64decode(out["data"]))
+                data = base64.b64decode(out["data"])
+                size += len(data)
+                if keep:
+                    kept.append(data)
             if frame.get("exited"):
                 seconds = time.perf_counter() - started
                 code = int((frame.get("result") or {}).get("exit_code") or 0)
                 break
-    return seconds, code, size
+    return seconds, code, size, b"".join(kept)
+
+
+def chain_exec(
+    alloc: Allocation, command: str, wrapper: Sequence[str]
+) -> tuple[float, int | None, int, bytes]:
+    """The two execs the controller opens for one execution of `command`
+    (`controller.execution.command`: the command through the unprivileged
+    wrapper with a TTY, and root's reader of its stderr FIFO without one),
+    opened at once by this client straight to Nomad, with nothing of the
+    controller: (seconds from the first connect until both have exited, the
+    command's exit code or None, its stdout bytes, its stderr)."""
+    marker = uuid.uuid4().hex
+    settings = ExecSettings(task=jobs.RUNNER_TASK, unprivileged_wrapper=tuple(wrapper))
+    main = main_command(marker, ExecutionRequest(command=command), settings)
+    read: list[tuple[float, int | None, int, bytes]] = []
+    started = time.perf_counter()
+    reader = threading.Thread(
+        target=lambda: read.append(nomad_exec(alloc, stderr_command(marker, False), keep=True))
+    )
+    reader.start()
+    try:
+        _, code, size, _ = nomad_exec(alloc, main, tty=True)
+    finally:
+        reader.join()
+    seconds = time.perf_counter() - started
+    if not read or read[0][1] != 0:
+        return seconds, None, size, b""
+    return seconds, code, size, read[0][3]
 
 
 def forks() -> int:
@@ -434,6 +486,8 @@ class Bench:
         self.leader: ChildProcess | None = None
         # Where processes started during the run are listed (and stopped).
         self.procs: list[ChildProcess] = []
+        # The unprivileged wrapper the controller's executions go through.
+        self.wrapper: tuple[str, ...] = ()
 
     @contextlib.contextmanager
     def refill_off(self) -> Iterator[None]:
@@ -602,7 +656,9 @@ class Bench:
     def exec_phases(self, allocs: list[Allocation]) -> dict[str, Any]:
         s = self.scale
         n = len(allocs)
-        out: dict[str, Any] = {"open": [], "open_bare": [], "serial": [], "serial_bare": []}
+        out: dict[str, Any] = {
+            f"{how}{who}": [] for how in ("open", "serial") for who in ("", "_bare", "_chain")
+        }
 
         def through(k: int, i: int) -> bool:
             return execute(self.api, allocs[k].runner, ECHO)[1] == 0
@@ -610,23 +666,28 @@ class Bench:
         def bare(k: int, i: int) -> bool:
             return bare_exec(allocs[k], ["sh", "-c", ECHO])[1] == 0
 
-        def through_open() -> Load:
-            return open_loop(n, EXEC_RATE, s.exec_open_s, through, self.api)
+        def chain(k: int, i: int) -> bool:
+            return chain_exec(allocs[k], ECHO, self.wrapper)[1] == 0
 
-        def bare_open() -> Load:
-            return open_loop(n, EXEC_RATE, s.exec_open_s, bare)
-
+        # The executions through the controller, the bare execs, and the
+        # controller's own execs of them opened straight to Nomad (the chain).
+        actions: dict[str, tuple[str, Action, Http | None]] = {
+            "": ("executions", through, self.api),
+            "_bare": ("bare execs", bare, None),
+            "_chain": ("chain execs", chain, None),
+        }
         # Warm-up, not recorded: the first exec in an allocation sets it up.
-        open_loop(n, float(n), 1.0, through, self.api)
-        open_loop(n, float(n), 1.0, bare)
+        for _, action, http in actions.values():
+            open_loop(n, float(n), 1.0, action, http)
         for _ in range(s.rounds):
-            out["open"].append(self.metered("executions", through_open))
-            out["open_bare"].append(self.metered("bare execs", bare_open))
+            for who, (what, action, http) in actions.items():
+                load = functools.partial(open_loop, n, EXEC_RATE, s.exec_open_s, action, http)
+                out[f"open{who}"].append(self.metered(what, load))
         for _ in range(s.rounds):
-            out["serial"].append(closed_loop(1, 3600.0, s.serial, through, self.api))
-            out["serial_bare"].append(closed_loop(1, 3600.0, s.serial, bare))
+            for who, (_, action, http) in actions.items():
+                out[f"serial{who}"].append(closed_loop(1, 3600.0, s.serial, action, http))
         command = f"head -c {s.stdout_bytes} /dev/zero | tr '\\0' c"
-        rates: dict[str, list[float]] = {"controller": [], "bare": [], "bare_tty": []}
+        rates: dict[str, list[float]] = {"controller": [], "bare": [], "bare_tty": [], "chain": []}
         for _ in range(s.throughput_rounds):
             seconds, code, size = execute(self.api, allocs[0].runner, command)
             if code == 0 and size == s.stdout_bytes:
@@ -635,9 +696,15 @@ class Bench:
                 seconds, code, size = bare_exec(allocs[0], ["sh", "-c", command], tty)
                 if code == 0 and size == s.stdout_bytes:
                     rates[key].append(size / seconds / 1e6)
+            seconds, code, size, _ = chain_exec(allocs[0], command, self.wrapper)
+            if code == 0 and size == s.stdout_bytes:
+                rates["chain"].append(size / seconds / 1e6)
         out["stdout_mb_per_s"] = rates
         out["forks"] = forks_per_run(lambda: execute(self.api, allocs[0].runner, ECHO), s.forks)
         out["forks_bare"] = forks_per_run(lambda: bare_exec(allocs[0], ["sh", "-c", ECHO]), s.forks)
+        out["forks_chain"] = forks_per_run(
+            lambda: chain_exec(allocs[0], ECHO, self.wrapper), s.forks
+        )
         return out
 
 
@@ -694,6 +761,7 @@ def run(
             ctl_proc, api = start_ctlproc(procs, sim.address, ctl_settings, tree=tree)
         bench = Bench(s, sim_proc, sim, ctl_proc, api)
         bench.leader = leader
+        bench.wrapper = (setuser, "user")
         bench.procs = procs
         floor_proc = start_controller_process(
             procs,
@@ -893,6 +961,7 @@ def figures(
     result.add(
         "processes per execution − per bare exec", through["per_run"] - direct["per_run"], ""
     )
+    chain_figures(result, execs, cpu)
     floor_cpu = cpu.get("floor claims") or {}
     result.add(
         "floor: CPU per claim of FastAPI + uvicorn + the write alone",
@@ -931,6 +1000,64 @@ def figures(
             f"simulator {_ms(theirs.get('simulator'))} ms, "
             f"controller {_ms(theirs.get('controller'))} ms",
         )
+
+
+def chain_figures(
+    result: Result, execs: dict[str, Any], cpu: dict[str, dict[str, float | None]]
+) -> None:
+    """The chain alone (the controller's two execs of an execution, opened
+    straight to Nomad) against the bare exec, and the executions through the
+    controller against the chain: what the execution's semantics cost Nomad,
+    and what the controller adds to that."""
+    chain = "the chain alone (the controller's two execs, straight to Nomad)"
+    at = f"{EXEC_RATE:.0f}/s on {EXEC_RUNNERS} runners"
+    for how, where, ps in (("open", at, (50, 99)), ("serial", "serial (1 client)", (50,))):
+        ctl, bare, alone = (pooled(execs[f"{how}{who}"]) for who in ("", "_bare", "_chain"))
+        failures = sum(x.failures for x in execs[f"{how}_chain"])
+        for p in ps:
+            result.add(
+                f"{chain}: p{p} ÷ bare exec p{p}, {where}",
+                ratio(ms(alone, p), ms(bare, p)),
+                "×",
+                note=f"{_ms(ms(alone, p))} vs {_ms(ms(bare, p))} ms; {failures} failed",
+            )
+            result.add(
+                f"execution p{p} ÷ the chain alone p{p}, {where}",
+                ratio(ms(ctl, p), ms(alone, p)),
+                "×",
+                note=f"{_ms(ms(ctl, p))} vs {_ms(ms(alone, p))} ms",
+            )
+    rates = execs["stdout_mb_per_s"]
+    mbs, bare_mbs, chain_mbs = (median(rates[k]) for k in ("controller", "bare", "chain"))
+    result.add(
+        "stdout MB/s of the chain alone ÷ a bare exec",
+        ratio(chain_mbs, bare_mbs),
+        "×",
+        note=f"{_n(chain_mbs)} vs {_n(bare_mbs)} MB/s",
+    )
+    result.add(
+        "stdout MB/s of one execution ÷ the chain alone",
+        ratio(mbs, chain_mbs),
+        "×",
+        note=f"{_n(mbs)} vs {_n(chain_mbs)} MB/s",
+    )
+    forks = execs["forks_chain"]
+    result.add(
+        "processes started per run of the chain alone",
+        forks["per_run"],
+        "",
+        note=f"the median of the machine's forks around each (least {forks['min']})",
+    )
+    mine, chain_cpu, bare_cpu = (
+        cpu.get(k) or {} for k in ("executions", "chain execs", "bare execs")
+    )
+    result.add(
+        "simulator CPU per run of the chain alone",
+        chain_cpu.get("simulator"),
+        "ms",
+        note=f"per execution {_ms(mine.get('simulator'))} ms; "
+        f"per bare exec {_ms(bare_cpu.get('simulator'))} ms",
+    )
 
 
 def stack_figures(

@@ -238,6 +238,29 @@ def test_the_floor_and_its_refill_registers_one_job_after_each_claim_and_deletes
         assert made() == []
 
 
+def test_the_chain_alone_is_the_controllers_two_execs_of_an_execution(sim: SimServer) -> None:
+    """`ratios`' chain alone: the command through the wrapper with a TTY and
+    root's reader of its stderr FIFO, opened at once straight to Nomad; the
+    exit code is the command's, stdout comes through the terminal and stderr
+    only through the reader."""
+    nomad = Http(sim.address)
+    (job_id,) = b14_ratios.BareJobs(nomad, 1).ids
+
+    def running() -> bool:
+        stubs = nomad.json("GET", f"/v1/job/{job_id}/allocations")
+        return any(a["ClientStatus"] == "running" for a in stubs)
+
+    wait_until(running, timeout=10)
+    alloc = b14_ratios.allocation_of(nomad, job_id)
+    wrapper = (sim.call(lambda: sim.sim.setuser_path), "user")
+    command = "echo hi; echo oops >&2; exit 3"
+    seconds, code, size, stderr = b14_ratios.chain_exec(alloc, command, wrapper)
+    assert (code, size, stderr) == (3, len(b"hi\r\n"), b"oops\n")
+    assert seconds > 0
+    _, code, size, kept = b14_ratios.nomad_exec(alloc, ["sh", "-c", "echo hi"], keep=True)
+    assert (code, size, kept) == (0, 3, b"hi\n")
+
+
 def test_the_floor_beside_the_upkeep_claims_each_idle_runner_once(sim: SimServer) -> None:
     """bench.floorproc with `BENCH_FLOOR_IDLE_OF`: the idle runners of the
     environment whose allocation runs, each claimed once with the claim a
