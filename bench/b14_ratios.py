@@ -52,6 +52,7 @@ reads the controller's `/_bench/probe`, so older trees work as well.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import functools
@@ -65,6 +66,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from websockets.asyncio.client import connect as aconnect
 from websockets.sync.client import connect
 
 from bench import simproc
@@ -105,7 +107,7 @@ CLAIM_RATE = 100.0
 EXEC_RUNNERS = 10
 EXEC_RATE = 10.0
 ECHO = "echo hi"
-# Seconds a bench exec may go without a frame before it is given up.
+# Seconds an exec of the chain may go without a frame before it is given up.
 EXEC_SILENCE_S = 60.0
 CLAIM = {"executionEnvironmentId": ENV_ID, "inactivityTimeout": 0}
 # Stand-ins in a bare write's encoded body, replaced per write.
@@ -372,35 +374,62 @@ def bare_exec(
     return seconds, code, size
 
 
+def exec_url(alloc: Allocation, argv: Sequence[str], tty: bool) -> str:
+    """Nomad's exec of `argv` in the allocation's runner task, on its node's agent."""
+    command = json.dumps(list(argv))
+    query = urlencode({"task": jobs.RUNNER_TASK, "command": command, "tty": str(tty).lower()})
+    return f"{alloc.agent}/v1/client/allocation/{alloc.alloc_id}/exec?{query}"
+
+
+@dataclass
+class ExecTally:
+    """What one exec's frames said: its stdout (counted, and kept when
+    asked) and its exit code."""
+
+    keep: bool = False
+    size: int = 0
+    kept: list[bytes] = field(default_factory=list)
+    code: int | None = None
+
+    def add(self, raw: str | bytes) -> bool:
+        """Take one frame; True once it is the exit frame."""
+        frame = json.loads(raw)
+        out = frame.get("stdout") or {}
+        if "data" in out:
+            data = base64.b64decode(out["data"])
+            self.size += len(data)
+            if self.keep:
+                self.kept.append(data)
+        if frame.get("exited"):
+            self.code = int((frame.get("result") or {}).get("exit_code") or 0)
+            return True
+        return False
+
+
 def nomad_exec(
     alloc: Allocation, argv: Sequence[str], tty: bool = False, keep: bool = False
 ) -> tuple[float, int | None, int, bytes]:
     """One Nomad exec straight to the allocation's agent: (seconds from the
     connect to the exit frame, exit code or None, stdout bytes, and the
     stdout itself when `keep`)."""
-    command = json.dumps(list(argv))
-    query = urlencode({"task": jobs.RUNNER_TASK, "command": command, "tty": str(tty).lower()})
-    url = f"{alloc.agent}/v1/client/allocation/{alloc.alloc_id}/exec?{query}"
+    tally = ExecTally(keep)
     started = time.perf_counter()
-    code: int | None = None
-    size = 0
-    kept: list[bytes] = []
-    seconds = 0.0
-    with connect(url, max_size=None, compression=None) as ws:
-        while True:
-            # A side of a FIFO whose other side never came would wait forever.
-            frame = json.loads(ws.recv(timeout=EXEC_SILENCE_S))
-            out = frame.get("stdout") or {}
-            if "data" in out:
-                data = base64.b64decode(out["data"])
-                size += len(data)
-                if keep:
-                    kept.append(data)
-            if frame.get("exited"):
-                seconds = time.perf_counter() - started
-                code = int((frame.get("result") or {}).get("exit_code") or 0)
-                break
-    return seconds, code, size, b"".join(kept)
+    with connect(exec_url(alloc, argv, tty), max_size=None, compression=None) as ws:
+        while not tally.add(ws.recv(timeout=EXEC_SILENCE_S)):
+            pass
+    return time.perf_counter() - started, tally.code, tally.size, b"".join(tally.kept)
+
+
+async def _nomad_exec_async(
+    alloc: Allocation, argv: Sequence[str], tty: bool, keep: bool = False
+) -> ExecTally:
+    tally = ExecTally(keep)
+    url = exec_url(alloc, argv, tty)
+    async with aconnect(url, max_size=None, compression=None) as ws:
+        # A side of a FIFO whose other side never came would wait forever.
+        while not tally.add(await asyncio.wait_for(ws.recv(), EXEC_SILENCE_S)):
+            pass
+    return tally
 
 
 def chain_exec(
@@ -411,24 +440,25 @@ def chain_exec(
     wrapper with a TTY, and root's reader of its stderr FIFO without one),
     opened at once by this client straight to Nomad, with nothing of the
     controller: (seconds from the first connect until both have exited, the
-    command's exit code or None, its stdout bytes, its stderr)."""
+    command's exit code or None, its stdout bytes, its stderr). On an event
+    loop of its own, so that, unlike websockets' synchronous client, it
+    starts no thread the machine's fork count would take for a process."""
     marker = uuid.uuid4().hex
     settings = ExecSettings(task=jobs.RUNNER_TASK, unprivileged_wrapper=tuple(wrapper))
     main = main_command(marker, ExecutionRequest(command=command), settings)
-    read: list[tuple[float, int | None, int, bytes]] = []
-    started = time.perf_counter()
-    reader = threading.Thread(
-        target=lambda: read.append(nomad_exec(alloc, stderr_command(marker, False), keep=True))
-    )
-    reader.start()
-    try:
-        _, code, size, _ = nomad_exec(alloc, main, tty=True)
-    finally:
-        reader.join()
-    seconds = time.perf_counter() - started
-    if not read or read[0][1] != 0:
-        return seconds, None, size, b""
-    return seconds, code, size, read[0][3]
+    reader = stderr_command(marker, False)
+
+    async def both() -> tuple[float, int | None, int, bytes]:
+        started = time.perf_counter()
+        out, err = await asyncio.gather(
+            _nomad_exec_async(alloc, main, True), _nomad_exec_async(alloc, reader, False, True)
+        )
+        seconds = time.perf_counter() - started
+        if err.code != 0:
+            return seconds, None, out.size, b""
+        return seconds, out.code, out.size, b"".join(err.kept)
+
+    return asyncio.run(both())
 
 
 def forks() -> int:
