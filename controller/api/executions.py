@@ -21,7 +21,6 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Path, Query, Request, WebSocket
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect
 
@@ -145,8 +144,10 @@ def router(
         openapi_extra=request_body(ExecutionRequest, "The command and how to run it."),
         dependencies=dependencies,
     )
-    def execute(runnerId: RunnerId, body: ExecutionBody, request: Request) -> ExecutionCreated:
-        runners.claimed(runnerId)
+    async def execute(
+        runnerId: RunnerId, body: ExecutionBody, request: Request
+    ) -> ExecutionCreated:
+        await runners.claimed_async(runnerId)
         try:
             execution = store.add(
                 runnerId,
@@ -190,7 +191,7 @@ def router(
             await _deny(websocket, ApiError(401, "authentication required: send the API token"))
             return
         try:
-            view = await run_in_threadpool(runners.claimed, runnerId)
+            view = await runners.claimed_async(runnerId)
             execution_id = websocket.query_params.get("executionID", "")
             execution = store.take(runnerId, execution_id)
             if execution is None and issuers is not None:

@@ -76,7 +76,7 @@ def router(
     async def in_use(runner_id: str, operation: str) -> tuple[RunnerView, RunnerUse]:
         """The claimed runner (410 otherwise) and its use for `operation`."""
         try:
-            view = await run_in_threadpool(runners.claimed, runner_id)
+            view = await runners.claimed_async(runner_id)
             return view, runners.begin(view, operation)
         except Unusable as refused:
             count(operation, refused.answer.result)

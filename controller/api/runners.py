@@ -100,8 +100,8 @@ def router(controller: Pools, runners: ClaimedRunners, dependencies: list[Any]) 
         response_model=RunnerStatus,
         responses=responses(410, 503),
     )
-    def show(runnerId: RunnerId) -> RunnerStatus:
-        view = runners.claimed(runnerId)
+    async def show(runnerId: RunnerId) -> RunnerStatus:
+        view = await runners.claimed_async(runnerId)
         claim = view.job.claim
         assert claim is not None
         return RunnerStatus(

@@ -149,6 +149,27 @@ class ClaimedRunners:
             raise Unusable(answers.expired(runner_id, claim.timeout))
         return view
 
+    async def claimed_async(self, runner_id: str) -> RunnerView:
+        """`claimed` from the event loop. In the common case, a runner this
+        replica's snapshot shows claimed and not lost, it is answered there
+        (no read, no write: a thread hop would cost more than the check);
+        only when Nomad must be read or written first (not seen claimed, a
+        loss to record) does `claimed` run on a thread."""
+        view = self._claimed_now(runner_id)
+        return view if view is not None else await asyncio.to_thread(self.claimed, runner_id)
+
+    def _claimed_now(self, runner_id: str) -> RunnerView | None:
+        """`claimed` when it needs no Nomad request; None when it does."""
+        if not self._pools.ready():
+            raise NotLeader
+        view = self._pools.lookup(runner_id)
+        claim = view.job.claim if view is not None else None
+        if view is None or claim is None or view.loss is not None:
+            return None
+        if not self._pools.touch(runner_id):
+            raise Unusable(answers.expired(runner_id, claim.timeout))
+        return view
+
     def begin(self, view: RunnerView, what: str) -> RunnerUse:
         """A use of the claimed runner `view` begins (`claimed` first); raises
         `Unusable` when it expired meanwhile."""

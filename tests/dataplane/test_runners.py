@@ -5,6 +5,7 @@ who may use it, with which answer, and how long a failure waits for a loss."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Collection, Iterator
 from dataclasses import replace
 from typing import Any, cast
@@ -65,11 +66,13 @@ class LosesOnRead(FakeNomad):
 
 
 class Rereads:
-    """The façade, counting the runner's reads again."""
+    """The façade, counting the runner's reads again (and noting the thread
+    each touch ran on)."""
 
     def __init__(self, pools: Pools) -> None:
         self.pools = pools
         self.rereads = 0
+        self.touched_on: list[int] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.pools, name)
@@ -77,6 +80,10 @@ class Rereads:
     def reread(self, runner_ids: Collection[str]) -> None:
         self.rereads += 1
         self.pools.reread(runner_ids)
+
+    def touch(self, runner_id: str) -> bool:
+        self.touched_on.append(threading.get_ident())
+        return self.pools.touch(runner_id)
 
 
 def lose(nomad: FakeNomad) -> None:
@@ -258,7 +265,45 @@ async def test_a_loss_that_cannot_be_recorded_is_unrecorded(one: OneRunner) -> N
     assert verdict.answer(runner_id).status == 503
 
 
-def test_a_claim_made_on_another_replica_a_moment_ago_is_served(one: OneRunner) -> None:
+async def test_a_runner_seen_claimed_is_answered_on_the_event_loop(one: OneRunner) -> None:
+    """`claimed_async`: no thread and no read of Nomad when the snapshot
+    already shows the claim; the runner is touched as by `claimed`."""
+    runner_id = one.claim(timeout_s=60)
+    pools = Rereads(one.controller.pools)
+    runners = ClaimedRunners(cast(Pools, pools))
+    one.clock.advance(50)
+    assert (await runners.claimed_async(runner_id)).id == runner_id
+    assert pools.touched_on == [threading.get_ident()], "on the event loop's thread"
+    assert pools.rereads == 0
+    one.clock.advance(50)  # 100 s after the claim, 50 after the touch: not expired
+    assert (await runners.claimed_async(runner_id)).id == runner_id
+
+
+@pytest.mark.parametrize("case", ["unknown", "lost", "expired"])
+async def test_claimed_async_refuses_as_claimed_does(one: OneRunner, case: str) -> None:
+    """Unknown, lost (written to Nomad first, on a thread), expired: the
+    answers of `claimed`."""
+    runner_id = one.claim(timeout_s=10)
+    runners = ClaimedRunners(one.controller.pools)
+    if case == "unknown":
+        runner_id, expected = "5-nobody", answers.ended("5-nobody", None)
+    elif case == "lost":
+        lose(one.nomad)
+        one.controller.pools.reread([runner_id])
+        expected = answers.ended(runner_id, LossReason.LOST)
+    else:
+        view = runners.claimed(runner_id)
+        one.clock.advance(10)
+        assert one.controller.claims.begin_expiry(view, one.clock.now_ns())
+        expected = answers.expired(runner_id, 10)
+    with pytest.raises(Unusable) as refused:
+        await runners.claimed_async(runner_id)
+    assert refused.value.answer == expected
+    if case == "lost":
+        assert len(one.nomad.end_claims(runner_id)) == 1, "written to Nomad first"
+
+
+async def test_a_claim_made_on_another_replica_a_moment_ago_is_served(one: OneRunner) -> None:
     """Every replica serves: the client's next request may reach a replica
     whose snapshot still shows the runner idle (or not at all)."""
     other = Controller(one.nomad, SETTINGS, clock=one.clock, metrics=Metrics())
@@ -271,6 +316,7 @@ def test_a_claim_made_on_another_replica_a_moment_ago_is_served(one: OneRunner) 
         assert seen is None or not seen.claimed
         runners = ClaimedRunners(other.pools)
         assert runners.claimed(runner_id).id == runner_id
+        assert (await runners.claimed_async(runner_id)).id == runner_id
         assert other.pools.release(runner_id)
         assert refusal(runners, "5-00000000-0000-4000-8000-000000000999").status == 410
     finally:
