@@ -32,12 +32,21 @@ machine, and the ratio of the two is what the controller adds.
   `sh -c 'echo hi'` (tty false, until the exit frame) in the same
   allocations, on each allocation's node agent as the controller does. Then
   one client back to back (serial).
+- The chain alone: the two execs the controller opens for one execution
+  (`controller.execution.command`: the command through the unprivileged
+  wrapper with a TTY, and root's reader of its stderr FIFO), opened at once
+  by the client straight to Nomad, with nothing of the controller, in the
+  same two loops. Against the bare exec it is what the execution's
+  semantics cost Nomad; the execution against it is the controller's share.
 - stdout throughput: one execution writing 50 MB, against a bare exec of the
   same command, without a TTY and (a second ratio) with one, as the
-  controller's own exec of the command has.
+  controller's own exec of the command has; and against the chain alone.
 - Processes started per execution: the machine's fork count (`processes` in
   /proc/stat) around each of N serial executions, the median of them; the
-  same for N bare execs. The counter is machine-wide: the median keeps
+  same for N bare execs and N runs of the chain alone. The counter counts
+  threads too, so these clients run on an event loop: websockets'
+  synchronous client starts two threads a connection (counted in the
+  figures before `87c5331`). The counter is machine-wide: the median keeps
   whatever else runs on the machine out as long as it forks during only a
   few of the N.
 - Controller CPU per claim and per execution over the open-loop phases, the
@@ -107,8 +116,10 @@ CLAIM_RATE = 100.0
 EXEC_RUNNERS = 10
 EXEC_RATE = 10.0
 ECHO = "echo hi"
-# Seconds an exec of the chain may go without a frame before it is given up.
+# Seconds a bench exec may go without a frame before it is given up; seconds
+# an exec of the chain may take in all.
 EXEC_SILENCE_S = 60.0
+EXEC_LIMIT_S = 300.0
 CLAIM = {"executionEnvironmentId": ENV_ID, "inactivityTimeout": 0}
 # Stand-ins in a bare write's encoded body, replaced per write.
 _CLAIMED_AT = 1111111111111111111
@@ -346,6 +357,18 @@ def execute(api: Http, runner: str, command: str) -> tuple[float, int | None, in
     return time.perf_counter() - started, code, size
 
 
+async def _execute_async(api: Http, runner: str, command: str) -> int | None:
+    """`execute` with the WebSocket on an event loop (no thread): the exit code."""
+    answer = api.json("POST", f"/api/v1/runners/{runner}/execute", {"command": command})
+    code: int | None = None
+    async with aconnect(str(answer["websocketUrl"]), max_size=None, compression=None) as ws:
+        async for raw in ws:
+            frame = json.loads(raw)
+            if frame["type"] == "exit":
+                code = int(frame["data"])
+    return code
+
+
 @dataclass(frozen=True)
 class Allocation:
     """Where a claimed runner runs: its allocation and its node's agent."""
@@ -425,10 +448,12 @@ async def _nomad_exec_async(
 ) -> ExecTally:
     tally = ExecTally(keep)
     url = exec_url(alloc, argv, tty)
-    async with aconnect(url, max_size=None, compression=None) as ws:
-        # A side of a FIFO whose other side never came would wait forever.
-        while not tally.add(await asyncio.wait_for(ws.recv(), EXEC_SILENCE_S)):
-            pass
+    # A side of a FIFO whose other side never came would wait forever. One
+    # deadline for the whole exec: a timeout per frame costs a task each.
+    async with asyncio.timeout(EXEC_LIMIT_S):
+        async with aconnect(url, max_size=None, compression=None) as ws:
+            while not tally.add(await ws.recv()):
+                pass
     return tally
 
 
@@ -730,11 +755,17 @@ class Bench:
             if code == 0 and size == s.stdout_bytes:
                 rates["chain"].append(size / seconds / 1e6)
         out["stdout_mb_per_s"] = rates
-        out["forks"] = forks_per_run(lambda: execute(self.api, allocs[0].runner, ECHO), s.forks)
-        out["forks_bare"] = forks_per_run(lambda: bare_exec(allocs[0], ["sh", "-c", ECHO]), s.forks)
-        out["forks_chain"] = forks_per_run(
-            lambda: chain_exec(allocs[0], ECHO, self.wrapper), s.forks
+        # Counted with clients on an event loop: websockets' synchronous
+        # client starts two threads a connection, which the count would take
+        # for processes.
+        api, alloc, bare_argv = self.api, allocs[0], ["sh", "-c", ECHO]
+        out["forks"] = forks_per_run(
+            lambda: asyncio.run(_execute_async(api, alloc.runner, ECHO)), s.forks
         )
+        out["forks_bare"] = forks_per_run(
+            lambda: asyncio.run(_nomad_exec_async(alloc, bare_argv, False)), s.forks
+        )
+        out["forks_chain"] = forks_per_run(lambda: chain_exec(alloc, ECHO, self.wrapper), s.forks)
         return out
 
 
