@@ -46,7 +46,7 @@ machine, and the ratio of the two is what the controller adds.
   same for N bare execs and N runs of the chain alone. The counter counts
   threads too, so these clients run on an event loop: websockets'
   synchronous client starts two threads a connection (counted in the
-  figures before `87c5331`). The counter is machine-wide: the median keeps
+  figures before `458e786`). The counter is machine-wide: the median keeps
   whatever else runs on the machine out as long as it forks during only a
   few of the N.
 - Controller CPU per claim and per execution over the open-loop phases, the
