@@ -998,18 +998,9 @@ def figures(
     rates = execs["stdout_mb_per_s"]
     mbs, bare_mbs = median(rates["controller"]), median(rates["bare"])
     tty_mbs = median(rates["bare_tty"])
-    result.add(
-        "stdout MB/s of one execution ÷ a bare exec",
-        ratio(mbs, bare_mbs),
-        "×",
-        ">= 0.95",
-        note=f"{_n(mbs)} vs {_n(bare_mbs)} MB/s",
-    )
-    result.add(
-        "stdout MB/s of one execution ÷ a bare exec with a TTY (as the controller asks)",
-        ratio(mbs, tty_mbs),
-        "×",
-        note=f"{_n(mbs)} vs {_n(tty_mbs)} MB/s",
+    throughputs(result, "one execution ÷ a bare exec", mbs, bare_mbs, ">= 0.95")
+    throughputs(
+        result, "one execution ÷ a bare exec with a TTY (as the controller asks)", mbs, tty_mbs
     )
     through, direct = execs["forks"], execs["forks_bare"]
     result.add(
@@ -1063,6 +1054,19 @@ def figures(
         )
 
 
+def throughputs(
+    result: Result, what: str, mbs: float | None, other: float | None, target: str = ""
+) -> None:
+    """The ratio of two stdout throughputs (MB/s), as `stdout MB/s of <what>`."""
+    result.add(
+        f"stdout MB/s of {what}",
+        ratio(mbs, other),
+        "×",
+        target,
+        note=f"{_n(mbs)} vs {_n(other)} MB/s",
+    )
+
+
 def chain_figures(
     result: Result, execs: dict[str, Any], cpu: dict[str, dict[str, float | None]]
 ) -> None:
@@ -1090,18 +1094,8 @@ def chain_figures(
             )
     rates = execs["stdout_mb_per_s"]
     mbs, bare_mbs, chain_mbs = (median(rates[k]) for k in ("controller", "bare", "chain"))
-    result.add(
-        "stdout MB/s of the chain alone ÷ a bare exec",
-        ratio(chain_mbs, bare_mbs),
-        "×",
-        note=f"{_n(chain_mbs)} vs {_n(bare_mbs)} MB/s",
-    )
-    result.add(
-        "stdout MB/s of one execution ÷ the chain alone",
-        ratio(mbs, chain_mbs),
-        "×",
-        note=f"{_n(mbs)} vs {_n(chain_mbs)} MB/s",
-    )
+    throughputs(result, "the chain alone ÷ a bare exec", chain_mbs, bare_mbs)
+    throughputs(result, "one execution ÷ the chain alone", mbs, chain_mbs)
     forks = execs["forks_chain"]
     result.add(
         "processes started per run of the chain alone",

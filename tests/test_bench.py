@@ -261,6 +261,32 @@ def test_the_chain_alone_is_the_controllers_two_execs_of_an_execution(sim: SimSe
     assert (code, size, kept) == (0, 3, b"hi\n")
 
 
+def test_the_chain_alone_sits_between_the_bare_exec_and_the_execution() -> None:
+    """`ratios`' chain figures: the chain against the bare exec, the
+    execution against the chain (latency and stdout), and its process count."""
+
+    def load(ms: float) -> b14_ratios.Load:
+        out = b14_ratios.Load()
+        out.record(ms / 1000, True)
+        return out
+
+    execs: dict[str, object] = {}
+    for how in ("open", "serial"):
+        execs.update({how: [load(33.0)], f"{how}_bare": [load(10.0)], f"{how}_chain": [load(30.0)]})
+    execs["stdout_mb_per_s"] = {"controller": [38.0], "bare": [50.0], "chain": [40.0]}
+    execs["forks_chain"] = {"per_run": 6, "min": 6}
+    result = Result("ratios", "test")
+    b14_ratios.chain_figures(result, execs, {"chain execs": {"simulator": 34.0}})
+    values = {f.name: f.value for f in result.figures}
+    chain = "the chain alone (the controller's two execs, straight to Nomad)"
+    assert values[f"{chain}: p50 ÷ bare exec p50, 10/s on 10 runners"] == 3.0
+    assert values["execution p50 ÷ the chain alone p50, serial (1 client)"] == 1.1
+    assert values["stdout MB/s of the chain alone ÷ a bare exec"] == 0.8
+    assert values["stdout MB/s of one execution ÷ the chain alone"] == 0.95
+    assert values["processes started per run of the chain alone"] == 6
+    assert values["simulator CPU per run of the chain alone"] == 34.0
+
+
 def test_the_floor_beside_the_upkeep_claims_each_idle_runner_once(sim: SimServer) -> None:
     """bench.floorproc with `BENCH_FLOOR_IDLE_OF`: the idle runners of the
     environment whose allocation runs, each claimed once with the claim a
