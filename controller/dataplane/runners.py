@@ -134,20 +134,10 @@ class ClaimedRunners:
         """The claimed runner, touched (its inactivity timer starts again).
         Raises NotLeader when this replica does not serve, `Unusable` when the
         runner is unknown, released, lost (recorded in Nomad first) or
-        expired. Blocking: it may write the loss."""
+        expired. Blocking: it may read Nomad, and write the loss."""
         if not self._pools.ready():
             raise NotLeader
-        view = self._pools.lookup_claimed(runner_id)
-        claim = view.job.claim if view is not None else None
-        if view is None or claim is None:
-            raise Unusable(answers.ended(runner_id, None))
-        if view.loss is not None:
-            # Never serve the claim from the replacement allocation.
-            verdict = self._record(view)
-            raise Unusable(verdict.answer(runner_id))
-        if not self._pools.touch(runner_id):
-            raise Unusable(answers.expired(runner_id, claim.timeout))
-        return view
+        return self._usable(runner_id, self._pools.lookup_claimed(runner_id))
 
     async def claimed_async(self, runner_id: str) -> RunnerView:
         """`claimed` from the event loop. In the common case, a runner this
@@ -155,17 +145,22 @@ class ClaimedRunners:
         (no read, no write: a thread hop would cost more than the check);
         only when Nomad must be read or written first (not seen claimed, a
         loss to record) does `claimed` run on a thread."""
-        view = self._claimed_now(runner_id)
-        return view if view is not None else await asyncio.to_thread(self.claimed, runner_id)
-
-    def _claimed_now(self, runner_id: str) -> RunnerView | None:
-        """`claimed` when it needs no Nomad request; None when it does."""
         if not self._pools.ready():
             raise NotLeader
         view = self._pools.lookup(runner_id)
+        if view is None or view.job.claim is None or view.loss is not None:
+            return await asyncio.to_thread(self.claimed, runner_id)
+        return self._usable(runner_id, view)
+
+    def _usable(self, runner_id: str, view: RunnerView | None) -> RunnerView:
+        """`view`, touched, if it may be used; else raises as `claimed`."""
         claim = view.job.claim if view is not None else None
-        if view is None or claim is None or view.loss is not None:
-            return None
+        if view is None or claim is None:
+            raise Unusable(answers.ended(runner_id, None))
+        if view.loss is not None:
+            # Never serve the claim from the replacement allocation.
+            verdict = self._record(view)
+            raise Unusable(verdict.answer(runner_id))
         if not self._pools.touch(runner_id):
             raise Unusable(answers.expired(runner_id, claim.timeout))
         return view
