@@ -388,15 +388,6 @@ def allocation_of(sim: Http, runner: str) -> Allocation:
     return Allocation(runner, str(alloc["ID"]), agent)
 
 
-def bare_exec(
-    alloc: Allocation, argv: Sequence[str], tty: bool = False
-) -> tuple[float, int | None, int]:
-    """One bare Nomad exec: (seconds from the connect to the exit frame, exit
-    code or None, stdout bytes)."""
-    seconds, code, size, _ = nomad_exec(alloc, argv, tty)
-    return seconds, code, size
-
-
 def exec_url(alloc: Allocation, argv: Sequence[str], tty: bool) -> str:
     """Nomad's exec of `argv` in the allocation's runner task, on its node's agent."""
     command = json.dumps(list(argv))
@@ -429,18 +420,17 @@ class ExecTally:
         return False
 
 
-def nomad_exec(
-    alloc: Allocation, argv: Sequence[str], tty: bool = False, keep: bool = False
-) -> tuple[float, int | None, int, bytes]:
-    """One Nomad exec straight to the allocation's agent: (seconds from the
-    connect to the exit frame, exit code or None, stdout bytes, and the
-    stdout itself when `keep`)."""
-    tally = ExecTally(keep)
+def bare_exec(
+    alloc: Allocation, argv: Sequence[str], tty: bool = False
+) -> tuple[float, int | None, int]:
+    """One bare Nomad exec: (seconds from the connect to the exit frame, exit
+    code or None, stdout bytes)."""
+    tally = ExecTally()
     started = time.perf_counter()
     with connect(exec_url(alloc, argv, tty), max_size=None, compression=None) as ws:
         while not tally.add(ws.recv(timeout=EXEC_SILENCE_S)):
             pass
-    return time.perf_counter() - started, tally.code, tally.size, b"".join(tally.kept)
+    return time.perf_counter() - started, tally.code, tally.size
 
 
 async def _nomad_exec_async(
