@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from controller.nomad.aclient import AsyncJobWriter
 from controller.nomad.client import NomadClient, go_duration
@@ -538,19 +539,19 @@ def test_variables_listed_by_prefix_and_deleted_with_check_and_set(
     assert client.list_variables("nrc/leader/activity/") == ()
 
 
-class HtmlProxy:
-    """A proxy in front of Nomad that answers every request 200 with a page."""
+class OneAnswer:
+    """A server in front of Nomad's address that answers every request 200
+    with the same body (a proxy's login page, or JSON of another shape)."""
 
-    def __init__(self) -> None:
+    def __init__(self, body: bytes, content_type: str) -> None:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
             def _answer(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                body = b"<html>proxy login</html>"
                 self.send_response(200)
-                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -566,13 +567,20 @@ class HtmlProxy:
 
 
 @pytest.fixture
-def html_proxy() -> Iterator[HtmlProxy]:
-    proxy = HtmlProxy()
+def html_proxy() -> Iterator[OneAnswer]:
+    proxy = OneAnswer(b"<html>proxy login</html>", "text/html")
     yield proxy
     proxy.close()
 
 
-def test_an_answer_that_is_not_json_is_an_api_error_with_its_text(html_proxy: HtmlProxy) -> None:
+@pytest.fixture
+def other_json() -> Iterator[OneAnswer]:
+    server = OneAnswer(b'{"Unexpected": 1}', "application/json")
+    yield server
+    server.close()
+
+
+def test_an_answer_that_is_not_json_is_an_api_error_with_its_text(html_proxy: OneAnswer) -> None:
     client, recorder = make_client(html_proxy.address)
     with pytest.raises(NomadAPIError, match="undecodable answer: '<html>proxy login</html>'"):
         client.list_jobs()
@@ -589,3 +597,31 @@ def test_an_answer_that_is_not_json_is_an_api_error_with_its_text(html_proxy: Ht
 
     with pytest.raises(NomadAPIError, match="undecodable answer: '<html>proxy login</html>'"):
         asyncio.run(claim_write())
+
+
+def test_json_of_another_shape_is_an_api_error_saying_what_came(other_json: OneAnswer) -> None:
+    client, _ = make_client(other_json.address)
+    came = re.escape('{"Unexpected": 1}')
+    with pytest.raises(NomadAPIError, match=f"variable answer without Items: {came}"):
+        client.get_variable("nrc/x")
+    with pytest.raises(NomadAPIError, match=f"variable list not a list: {came}"):
+        client.list_variables("nrc/")
+    with pytest.raises(NomadAPIError, match=f"without Lock.ID: {came}"):
+        client.lock_acquire("nrc/lock", ttl_s=15.0, lock_delay_s=0.0)
+
+
+def test_a_json_answer_is_not_also_decoded_as_text(
+    shared: SimServer, ns: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """requests guesses the charset of a text it is asked for (Nomad names
+    none): 30 µs on a small answer, and on a full list a second copy of its
+    megabytes held while the list is decoded. Only error messages need it."""
+    client, _ = make_client(shared.address, namespace=ns)
+    client.register_job(runner_job("1-text"))
+
+    def refused(response: requests.Response) -> str:
+        raise AssertionError("a JSON answer was decoded as text")
+
+    monkeypatch.setattr(requests.Response, "text", property(refused))
+    assert [j.id for j in client.list_jobs().jobs] == ["1-text"]
+    assert client.list_allocations().allocations is not None
