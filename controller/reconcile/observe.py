@@ -61,7 +61,7 @@ from controller.reconcile.expectations import Expectations, Pending
 from controller.reconcile.heard import Heard, Mentions, Named
 from controller.reconcile.reads import TARGETED_MAX_JOBS, JobReader, template_of
 from controller.reconcile.snapshot import EMPTY, Snapshot
-from controller.reconcile.specs import CachedSpec, SpecCache, compact
+from controller.reconcile.specs import CachedSpec, Dictionaries, SpecCache, compact
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +100,11 @@ class Observer:
         self._lock = threading.Lock()  # guards the fields below
         self._snapshot = EMPTY
         self._specs = SpecCache()
+        self._dictionaries = Dictionaries()
         self._reader = JobReader(
             gateway=gateway,
             current_specs=self._current_specs,
+            dictionaries=self._dictionaries,
             fetch_concurrency=fetch_concurrency,
         )
         self._stream_connected = False
@@ -270,7 +272,7 @@ class Observer:
         Nomad per creation). Unlike `apply_spec` the job is not shown: a
         creation counts as pending until a list shows it (the expectations),
         never both as pending and as a runner."""
-        cached = CachedSpec.of(job_id, spec)
+        cached = CachedSpec.of(job_id, spec, dictionaries=self._dictionaries)
         with self._lock:
             self._specs.put_if_newer(job_id, cached)
 
@@ -309,7 +311,7 @@ class Observer:
             plain = self._specs.plain_entries()
         if not plain:
             return
-        compacted = compact(plain)
+        compacted = compact(plain, self._dictionaries)
         with self._lock:
             for job_id, (old, new) in compacted.items():
                 self._specs.replace_unchanged(job_id, old, new)
@@ -380,8 +382,10 @@ class Observer:
             safe=not result.unreadable,
         )
         self._reader.keep_only(snap.runners)
+        listed_envs = {v.env_id for v in snap.runners.values()}
         with self._lock:
             self._specs.keep_only(stubs)
+            self._dictionaries.keep_only(listed_envs)
             snap = self._install(snap, result.specs)
             self._expectations.observe(frozenset(stubs), job_list.index)
             self._observed_once = True

@@ -26,7 +26,7 @@ from controller.nomad.gateway import (
 )
 from controller.reconcile.derive import derive_runner
 from controller.reconcile.snapshot import Read, Snapshot
-from controller.reconcile.specs import CachedSpec
+from controller.reconcile.specs import CachedSpec, Dictionaries
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +80,13 @@ class JobReader:
         *,
         gateway: NomadGateway,
         current_specs: Callable[[Mapping[str, int]], dict[str, CachedSpec]],
+        dictionaries: Dictionaries | None = None,
         fetch_concurrency: int = 8,
     ) -> None:
         self._gateway = gateway
         self.scoped = gateway if isinstance(gateway, ScopedLists) else None
         self._current_specs = current_specs
+        self._dictionaries = dictionaries  # the specs fetched are compressed against them
         self._fetch_concurrency = fetch_concurrency
         # Only refreshes (one at a time) read and write it.
         self._derived: dict[str, tuple[_DerivedFrom, RunnerView]] = {}
@@ -232,7 +234,9 @@ class JobReader:
             except (NomadUnavailable, NomadAPIError) as exc:
                 log.warning("could not read job %s: %s", job_id, exc)
                 return job_id, None, False
-            return job_id, (CachedSpec.of(job_id, spec) if spec is not None else None), True
+            if spec is None:
+                return job_id, None, True
+            return job_id, CachedSpec.of(job_id, spec, dictionaries=self._dictionaries), True
 
         if len(wanted) == 1:
             results = [fetch(wanted[0])]

@@ -8,7 +8,7 @@ import pytest
 
 from controller.model import Environment
 from controller.nomad import jobs
-from controller.reconcile.specs import CachedSpec, SpecCache, compact
+from controller.reconcile.specs import CachedSpec, Dictionaries, SpecCache, compact
 
 ENV = Environment(id=7, image="python:3.12", prewarming_pool_size=1)
 RUNNER = jobs.runner_job_id(7, "00000000-0000-0000-0000-000000000001")
@@ -122,3 +122,59 @@ def test_compaction_never_replaces_an_entry_written_meanwhile() -> None:
     kept = cache.get(RUNNER)
     assert kept is not None and not kept.plain and kept.modify_index == 2
     assert cache.plain_entries() == {}
+
+
+def runner_spec(env: Environment, n: int, modify_index: int = 1) -> tuple[str, dict[str, object]]:
+    job_id = jobs.runner_job_id(env.id, f"00000000-0000-0000-0000-{n:012d}")
+    template = {**jobs.template_job(env), "JobModifyIndex": 1}
+    return job_id, {**jobs.runner_job(template, env, job_id), "JobModifyIndex": modify_index}
+
+
+def test_runners_of_an_environment_are_compressed_against_its_first_spec() -> None:
+    dictionaries = Dictionaries()
+    entries = []
+    for n in range(1, 4):
+        job_id, runner = runner_spec(ENV, n, modify_index=n)
+        entry = CachedSpec.of(job_id, runner, dictionaries=dictionaries)
+        assert entry.decode() == runner and entry.modify_index == n
+        alone = CachedSpec.of(job_id, runner)  # without a dictionary
+        assert alone.decode() == runner and not alone.zdict
+        entries.append((entry, alone))
+    first = entries[0][0]
+    for entry, alone in entries[1:]:
+        assert entry.zdict is first.zdict  # one dictionary, shared
+        assert len(entry.data) * 4 < len(alone.data), (len(entry.data), len(alone.data))
+
+
+def test_each_environment_has_a_dictionary_of_its_own_and_templates_none() -> None:
+    dictionaries = Dictionaries()
+    other_env = Environment(id=8, image="node:20", prewarming_pool_size=1)
+    ours = CachedSpec.of(*runner_spec(ENV, 1), dictionaries=dictionaries)
+    theirs_id, theirs_spec = runner_spec(other_env, 1)
+    theirs = CachedSpec.of(theirs_id, theirs_spec, dictionaries=dictionaries)
+    assert ours.zdict and theirs.zdict and ours.zdict != theirs.zdict
+    assert theirs.decode() == theirs_spec
+    template_spec = {**jobs.template_job(ENV), "JobModifyIndex": 3}
+    template = CachedSpec.of(jobs.template_job_id(7), template_spec, dictionaries=dictionaries)
+    assert not template.zdict and template.decode() == template_spec
+
+
+def test_compaction_compresses_against_the_environments_dictionary() -> None:
+    dictionaries = Dictionaries()
+    first = CachedSpec.of(*runner_spec(ENV, 1), dictionaries=dictionaries)
+    job_id, claimed = runner_spec(ENV, 2, modify_index=5)
+    plain = CachedSpec.of(job_id, claimed, compress=False)  # a claim's write, cached plain
+    ((old, new),) = compact({job_id: plain}, dictionaries).values()
+    assert old is plain and not new.plain and new.zdict is first.zdict
+    assert new.decode() == claimed and new.runner == plain.runner
+
+
+def test_a_forgotten_environment_keeps_its_entries_readable_and_starts_anew() -> None:
+    dictionaries = Dictionaries()
+    job_id, runner = runner_spec(ENV, 1)
+    before = CachedSpec.of(job_id, runner, dictionaries=dictionaries)
+    dictionaries.keep_only(set())
+    assert before.decode() == runner
+    later_id, later = runner_spec(ENV, 2)
+    after = CachedSpec.of(later_id, later, dictionaries=dictionaries)
+    assert after.zdict is not before.zdict and after.decode() == later
