@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import calendar
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -69,6 +70,13 @@ def _str(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _shared(value: Any) -> str:
+    """A string thousands of runners hold alike (a node, a status, a job id
+    that the job's list and its allocations' both name): one object for all
+    of them instead of one per decoded answer (`sys.intern`)."""
+    return sys.intern(value) if isinstance(value, str) else ""
+
+
 def _dict(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -80,14 +88,14 @@ def _list(value: Any) -> list[Any]:
 def decode_job_stub(raw: Mapping[str, Any]) -> JobStub:
     """One entry of GET /v1/jobs (a JobListStub)."""
     return JobStub(
-        id=_str(raw.get("ID")),
+        id=_shared(raw.get("ID")),
         job_modify_index=_int(raw.get("JobModifyIndex")),
         modify_index=_int(raw.get("ModifyIndex")),
         create_index=_int(raw.get("CreateIndex")),
         submit_time=_int(raw.get("SubmitTime")),
-        status=_str(raw.get("Status")),
+        status=_shared(raw.get("Status")),
         stop=raw.get("Stop") is True,
-        type=_str(raw.get("Type")),
+        type=_shared(raw.get("Type")),
     )
 
 
@@ -98,13 +106,13 @@ def decode_allocation(raw: Mapping[str, Any]) -> Allocation:
     started = [t for t in (parse_go_time(ts.get("StartedAt")) for ts in task_states) if t]
     return Allocation(
         id=_str(raw.get("ID")),
-        job_id=_str(raw.get("JobID")),
-        node_id=_str(raw.get("NodeID")),
-        node_name=_str(raw.get("NodeName")),
+        job_id=_shared(raw.get("JobID")),
+        node_id=_shared(raw.get("NodeID")),
+        node_name=_shared(raw.get("NodeName")),
         # Omitted only when empty, which Nomad never stores; keep the model's defaults then.
-        client_status=_str(raw.get("ClientStatus")) or "pending",
-        desired_status=_str(raw.get("DesiredStatus")) or "run",
-        desired_description=_str(raw.get("DesiredDescription")),
+        client_status=_shared(raw.get("ClientStatus")) or "pending",
+        desired_status=_shared(raw.get("DesiredStatus")) or "run",
+        desired_description=_shared(raw.get("DesiredDescription")),
         migrate=_dict(raw.get("DesiredTransition")).get("Migrate") is True,
         create_index=_int(raw.get("CreateIndex")),
         modify_index=_int(raw.get("ModifyIndex")),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -411,16 +412,18 @@ def runner_from_job(spec: JsonDict, env_id: int) -> RunnerJob:
             lost_at=_int(meta.get(META_LOST_AT)),
         )
     template_hash = meta.get(META_TEMPLATE_HASH) or environment_from_job(spec, env_id).template_hash
+    # The hash, the status and the id are held by every runner's view (the id
+    # by the job's list and its allocations too): one string each (`sys.intern`).
     return RunnerJob(
-        id=job_id(spec),
+        id=sys.intern(job_id(spec)),
         env_id=env_id,
         job_modify_index=modify_index(spec),
         create_index=int(spec.get("CreateIndex") or 0),
         submit_time=int(spec.get("SubmitTime") or 0),
         stop=bool(spec.get("Stop")),
-        status=str(spec.get("Status") or "pending"),
+        status=sys.intern(str(spec.get("Status") or "pending")),
         claim=claim,
-        template_hash=template_hash,
+        template_hash=sys.intern(template_hash),
     )
 
 

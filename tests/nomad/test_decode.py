@@ -492,3 +492,17 @@ def test_restart_notice_is_not_part_of_an_allocations_identity() -> None:
     full = decode_allocation(with_job({"RestartPolicy": FAIL_15S, "Tasks": [task()]}))
     assert full.restart_notice_ns == 15 * SECOND
     assert full == decode_allocation({"ID": "a"})
+
+
+def test_what_many_allocations_and_jobs_name_alike_is_one_string() -> None:
+    """Two answers decoded apart: nodes, statuses and job ids come out as one
+    object each, as 10,000 runners on a few dozen nodes hold them."""
+    first, second = json.loads(json.dumps(STUB)), json.loads(json.dumps(STUB))
+    a, b = decode_allocation(first), decode_allocation(second)
+    assert first["NodeID"] is not second["NodeID"]  # json made two
+    for field in ("job_id", "node_id", "node_name", "client_status", "desired_status"):
+        assert getattr(a, field) is getattr(b, field), field
+    stub = json.loads('{"ID": "1-a", "Status": "running", "Type": "batch"}')
+    again = json.loads('{"ID": "1-a", "Status": "running", "Type": "batch"}')
+    s, t = decode_job_stub(stub), decode_job_stub(again)
+    assert s.id is t.id is a.job_id and s.status is t.status and s.type is t.type

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from controller.model import Claim, Environment, LossReason
@@ -81,6 +82,9 @@ def test_runner_job_is_an_idle_copy_of_the_template():
     runner = jobs.runner_from_job({**spec, "JobModifyIndex": 9}, env.id)
     assert runner.claim is None and runner.template_hash == observed.template_hash
     assert runner.job_modify_index == 9
+    # Every runner of the template holds one hash string, decoded apart or not.
+    again = jobs.runner_from_job(orjson.loads(orjson.dumps(spec)), env.id)
+    assert again.template_hash is runner.template_hash and again.id is runner.id
 
 
 def test_claim_and_loss_round_trip_through_meta():
