@@ -71,9 +71,9 @@ def _str(value: Any) -> str:
 
 
 def _shared(value: Any) -> str:
-    """A string thousands of runners hold alike (a node, a status, a job id
-    that the job's list and its allocations' both name): one object for all
-    of them instead of one per decoded answer (`sys.intern`)."""
+    """A string thousands of runners hold alike (a node, a status; a job id,
+    which the job list and the allocation list both name): one object for
+    all of them instead of one per decoded answer (`sys.intern`)."""
     return sys.intern(value) if isinstance(value, str) else ""
 
 
