@@ -74,7 +74,7 @@ def _shared(value: Any) -> str:
     """A string thousands of runners hold alike (a node, a status; a job id,
     which the job list and the allocation list both name): one object for
     all of them instead of one per decoded answer (`sys.intern`)."""
-    return sys.intern(value) if isinstance(value, str) else ""
+    return sys.intern(_str(value))
 
 
 def _dict(value: Any) -> Mapping[str, Any]:
