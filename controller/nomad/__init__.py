@@ -8,7 +8,8 @@ reader, the variable lock and the runner job layout.
 - `client`: its implementation on python-nomad, over `session`, a requests
   session whose plain requests skip the session layer; `aclient`: a claim's
   register on the API's event loop (no thread hop);
-- `decode`: Nomad's JSON → the model;
+- `decode`: Nomad's JSON → the model; `wire`: the fields of its lists and
+  event frames that are read, so the rest of those answers is skipped as parsed;
 - `stream`, `events`: the event-stream reader and its frames as typed references;
 - `exec`: the allocation exec client (WebSocket); `nodes`: where an exec goes
   first (the allocation's node's own agent); `budget`: connections per agent;

@@ -13,7 +13,9 @@ NOMAD_NAMESPACE, NOMAD_REGION and NOMAD_CLIENT_CERT/KEY from the environment
 and defaults to `verify=False`: every setting here is explicit. The session
 python-nomad sends through is a `DirectSession` (`session`): a plain request
 goes from it straight to requests' adapter, without the session layer that
-cost more of the controller's CPU than the request itself.
+cost more of the controller's CPU than the request itself. The lists of jobs
+and allocations are decoded into only the fields the controller reads
+(`wire`); every other answer whole, by the json module.
 
 Error answers are read by `controller.nomad.errors.classify`, direct and
 forwarded (`rpc error: …`) alike, and retried by its one policy: transient
@@ -32,12 +34,14 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 from urllib.parse import quote
 
+import msgspec
 import nomad.api
 import nomad.api.exceptions as nomad_exc
 import requests
 import tenacity
 
 from controller.model import Allocation
+from controller.nomad import wire
 from controller.nomad.connection import NomadConnection, RequestHook, report_request
 from controller.nomad.decode import decode_allocation, decode_job_stub
 from controller.nomad.errors import (
@@ -262,6 +266,7 @@ class NomadClient:
         reply = self._call(
             "list_jobs",
             lambda: self._jobs.request(method="get", params=dict(params), timeout=timeout),
+            typed=wire.JOB_LIST,
         )
         stubs = reply.body if isinstance(reply.body, list) else []
         return JobListing(
@@ -276,6 +281,7 @@ class NomadClient:
         reply = self._call(
             "list_allocations",
             lambda: self._allocations.request(method="get", params=dict(params), timeout=timeout),
+            typed=wire.ALLOC_LIST,
         )
         stubs = reply.body if isinstance(reply.body, list) else []
         return AllocListing(
@@ -459,14 +465,23 @@ class NomadClient:
         return (self._timeout_s, wait + wait / 16 + self._timeout_s)
 
     def _call(
-        self, operation: str, send: Callable[[], requests.Response], final: Final | None = None
+        self,
+        operation: str,
+        send: Callable[[], requests.Response],
+        final: Final | None = None,
+        typed: msgspec.json.Decoder[Any] | None = None,
     ) -> _Reply:
+        """`send` with retries; `typed` decodes an answer of its shape (`wire`)."""
         # A copy per call keeps tenacity's per-run state apart across threads.
-        reply: _Reply = self._retrying.copy()(self._attempt, operation, send, final)
+        reply: _Reply = self._retrying.copy()(self._attempt, operation, send, final, typed)
         return reply
 
     def _attempt(
-        self, operation: str, send: Callable[[], requests.Response], final: Final | None
+        self,
+        operation: str,
+        send: Callable[[], requests.Response],
+        final: Final | None,
+        typed: msgspec.json.Decoder[Any] | None,
     ) -> _Reply:
         started = time.monotonic()
         outcome: Outcome = "error"
@@ -477,8 +492,8 @@ class NomadClient:
             try:
                 # Not orjson, as elsewhere: on the lists of 10,000 idle runners
                 # it left the controller 10 MB larger (docs/performance.md).
-                # From the bytes, which json.loads takes as UTF-8 (as Nomad writes).
-                body = json.loads(response.content) if response.content else None
+                # From the bytes, which both decoders take as UTF-8 (as Nomad writes).
+                body = wire.loads(response.content, typed) if response.content else None
             except ValueError:
                 raise NomadAPIError(
                     response.status_code, f"undecodable answer: {response.text[:200]!r}"

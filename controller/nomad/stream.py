@@ -19,7 +19,9 @@ after a capped, fully jittered exponential backoff (`errors.reconnect_delay`,
 the policy every retried call to Nomad uses).
 
 Events are only hints for the controller ("look at this again"), so a frame
-whose callback fails is logged and not delivered again.
+whose callback fails is logged and not delivered again, and a frame is
+decoded into only the fields the hints are made of (`wire.FRAME`): 5 µs
+for a 3.4 KB frame against 21 µs decoded whole by orjson.
 
 Nomad sends each frame as one HTTP chunk, and a Job event carries the whole
 job. Read 512 bytes at a time (requests' default), a frame of a few KB took
@@ -40,10 +42,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import orjson
 import requests
 import urllib3.exceptions
 
+from controller.nomad import wire
 from controller.nomad.connection import NomadConnection
 from controller.nomad.errors import reconnect_delay
 from controller.nomad.events import EventRef, decode_events
@@ -200,7 +202,7 @@ class EventStream:
             if not line.strip():
                 continue  # a blank line still proves the connection alive
             try:
-                frame = orjson.loads(line)
+                frame = wire.frame(line)
             except ValueError:
                 return f"malformed frame {line[:200]!r}"
             if frame == {}:
