@@ -490,9 +490,11 @@ class NomadClient:
             response = send()
             status = str(response.status_code)
             try:
-                # Not orjson, as elsewhere: on the lists of 10,000 idle runners
-                # it left the controller 10 MB larger (docs/performance.md).
-                # From the bytes, which both decoders take as UTF-8 (as Nomad writes).
+                # A list through its `wire` type; any other answer (a spec, an
+                # allocation) through the json module, not orjson as elsewhere:
+                # on the answers of 10,000 idle runners orjson left the
+                # controller 10 MB larger (docs/performance.md). From the bytes,
+                # which both decoders take as UTF-8 (as Nomad writes).
                 body = wire.loads(response.content, typed) if response.content else None
             except ValueError:
                 raise NomadAPIError(
