@@ -43,7 +43,7 @@ import tenacity
 from controller.model import Allocation
 from controller.nomad import wire
 from controller.nomad.connection import NomadConnection, RequestHook, report_request
-from controller.nomad.decode import decode_allocation, decode_job_stub
+from controller.nomad.decode import decode_allocation, decode_allocations, decode_job_stubs
 from controller.nomad.errors import (
     IndexConflict,
     Kind,
@@ -268,11 +268,7 @@ class NomadClient:
             lambda: self._jobs.request(method="get", params=dict(params), timeout=timeout),
             typed=wire.JOB_LIST,
         )
-        stubs = reply.body if isinstance(reply.body, list) else []
-        return JobListing(
-            jobs=tuple(decode_job_stub(s) for s in stubs if isinstance(s, dict)),
-            index=reply.index,
-        )
+        return JobListing(jobs=decode_job_stubs(reply.body), index=reply.index)
 
     def _alloc_listing(
         self, params: dict[str, Any], timeout: tuple[float, float] | None = None
@@ -283,11 +279,7 @@ class NomadClient:
             lambda: self._allocations.request(method="get", params=dict(params), timeout=timeout),
             typed=wire.ALLOC_LIST,
         )
-        stubs = reply.body if isinstance(reply.body, list) else []
-        return AllocListing(
-            allocations=tuple(decode_allocation(a) for a in stubs if isinstance(a, dict)),
-            index=reply.index,
-        )
+        return AllocListing(allocations=decode_allocations(reply.body), index=reply.index)
 
     # -- writes --------------------------------------------------------------------
 

@@ -85,6 +85,20 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
+def decode_job_stubs(body: Any) -> tuple[JobStub, ...]:
+    """The entries of a GET /v1/jobs answer that are objects (none when the
+    answer is no list)."""
+    stubs = body if isinstance(body, list) else []
+    return tuple(decode_job_stub(s) for s in stubs if isinstance(s, dict))
+
+
+def decode_allocations(body: Any) -> tuple[Allocation, ...]:
+    """The entries of a GET /v1/allocations answer that are objects (none
+    when the answer is no list)."""
+    stubs = body if isinstance(body, list) else []
+    return tuple(decode_allocation(a) for a in stubs if isinstance(a, dict))
+
+
 def decode_job_stub(raw: Mapping[str, Any]) -> JobStub:
     """One entry of GET /v1/jobs (a JobListStub)."""
     return JobStub(

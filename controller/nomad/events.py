@@ -21,6 +21,17 @@ class EventRef:
     job_id: str | None  # the job the event is about; None for a Node event
 
 
+def frame_events(frame: Any) -> tuple[int, list[Any]] | None:
+    """A frame's `Index` and its `Events`, still undecoded; None when the
+    frame is not of that shape (a heartbeat `{}` is checked before)."""
+    if not isinstance(frame, dict):
+        return None
+    index, events = frame.get("Index"), frame.get("Events")
+    if isinstance(index, bool) or not isinstance(index, int) or not isinstance(events, list):
+        return None
+    return index, events
+
+
 def decode_events(events: Iterable[Any]) -> tuple[EventRef, ...]:
     """The events of one frame (`Events`); malformed entries are skipped."""
     out: list[EventRef] = []

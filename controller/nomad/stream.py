@@ -48,7 +48,7 @@ import urllib3.exceptions
 from controller.nomad import wire
 from controller.nomad.connection import NomadConnection
 from controller.nomad.errors import reconnect_delay
-from controller.nomad.events import EventRef, decode_events
+from controller.nomad.events import EventRef, decode_events, frame_events
 
 log = logging.getLogger(__name__)
 
@@ -214,11 +214,10 @@ class EventStream:
         return "stream ended by the server"
 
     def _deliver(self, frame: Any) -> str | None:
-        if not isinstance(frame, dict):
+        shaped = frame_events(frame)
+        if shaped is None:
             return "unexpected frame"
-        index, events = frame.get("Index"), frame.get("Events")
-        if isinstance(index, bool) or not isinstance(index, int) or not isinstance(events, list):
-            return "unexpected frame"
+        index, events = shaped
         if index <= self._last_index:
             self.duplicates += 1
             return None

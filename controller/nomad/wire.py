@@ -59,7 +59,7 @@ class _DesiredTransition(TypedDict, total=False):
     Migrate: Any
 
 
-class AllocStub(TypedDict, total=False):
+class AllocListStub(TypedDict, total=False):
     """What `decode_allocation` reads of an AllocListStub."""
 
     ID: Any
@@ -78,7 +78,7 @@ class AllocStub(TypedDict, total=False):
     AllocatedResources: _AllocatedResources | None
 
 
-class JobStub(TypedDict, total=False):
+class JobListStub(TypedDict, total=False):
     """What `decode_job_stub` reads of a JobListStub."""
 
     ID: Any
@@ -111,10 +111,12 @@ class Frame(TypedDict, total=False):
     Events: list[_Event] | None
 
 
-ALLOC_LIST: msgspec.json.Decoder[list[AllocStub] | None] = msgspec.json.Decoder(
-    list[AllocStub] | None
+ALLOC_LIST: msgspec.json.Decoder[list[AllocListStub] | None] = msgspec.json.Decoder(
+    list[AllocListStub] | None
 )
-JOB_LIST: msgspec.json.Decoder[list[JobStub] | None] = msgspec.json.Decoder(list[JobStub] | None)
+JOB_LIST: msgspec.json.Decoder[list[JobListStub] | None] = msgspec.json.Decoder(
+    list[JobListStub] | None
+)
 FRAME: msgspec.json.Decoder[Frame] = msgspec.json.Decoder(Frame)
 
 

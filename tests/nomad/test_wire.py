@@ -14,37 +14,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.nomad import wire
-from controller.nomad.decode import decode_allocation, decode_job_stub
-from controller.nomad.events import decode_events
+from controller.nomad.decode import decode_allocations, decode_job_stubs
+from controller.nomad.events import decode_events, frame_events
 from tests.nomad.test_decode import DOCS_STUB, FULL_MIGRATING, STUB
 
-# -- what the client and the stream make of an answer ------------------------------
-
-
-def allocations(body: Any) -> list[Any]:
-    return [
-        decode_allocation(a)
-        for a in (body if isinstance(body, list) else [])
-        if isinstance(a, dict)
-    ]
-
-
-def job_stubs(body: Any) -> list[Any]:
-    return [
-        decode_job_stub(s) for s in (body if isinstance(body, list) else []) if isinstance(s, dict)
-    ]
+# -- what the stream makes of a frame ----------------------------------------------
 
 
 def delivered(frame: Any) -> Any:
     """A frame as the stream takes it: a heartbeat, refused, or its events."""
     if frame == {}:
         return "heartbeat"
-    if not isinstance(frame, dict):
-        return "refused"
-    index, events = frame.get("Index"), frame.get("Events")
-    if isinstance(index, bool) or not isinstance(index, int) or not isinstance(events, list):
-        return "refused"
-    return index, decode_events(events)
+    shaped = frame_events(frame)
+    return "refused" if shaped is None else (shaped[0], decode_events(shaped[1]))
 
 
 # -- answers as Nomad writes them --------------------------------------------------
@@ -63,8 +45,10 @@ def test_an_allocation_list_takes_the_fast_path_and_decodes_alike(alloc: dict[st
     data = json.dumps([alloc, alloc]).encode()
     typed = wire.ALLOC_LIST.decode(data)  # raises if Nomad's shape left the fast path
     assert typed is not None
-    assert set(typed[0]) <= set(wire.AllocStub.__annotations__)
-    assert allocations(wire.loads(data, wire.ALLOC_LIST)) == allocations(json.loads(data))
+    assert set(typed[0]) <= set(wire.AllocListStub.__annotations__)
+    assert decode_allocations(wire.loads(data, wire.ALLOC_LIST)) == decode_allocations(
+        json.loads(data)
+    )
 
 
 def test_only_the_read_fields_of_an_allocation_are_kept() -> None:
@@ -95,7 +79,7 @@ def test_a_job_list_takes_the_fast_path() -> None:
     data = json.dumps([stub]).encode()
     (kept,) = wire.JOB_LIST.decode(data) or []
     assert "JobSummary" not in kept and "Datacenters" not in kept
-    assert job_stubs(wire.loads(data, wire.JOB_LIST)) == job_stubs(json.loads(data))
+    assert decode_job_stubs(wire.loads(data, wire.JOB_LIST)) == decode_job_stubs(json.loads(data))
 
 
 @pytest.mark.parametrize(
@@ -111,7 +95,7 @@ def test_a_job_list_takes_the_fast_path() -> None:
 def test_an_answer_of_another_shape_is_decoded_whole(body: Any) -> None:
     data = json.dumps(body).encode()
     assert wire.loads(data, wire.ALLOC_LIST) == body
-    assert allocations(wire.loads(data, wire.ALLOC_LIST)) == allocations(body)
+    assert decode_allocations(wire.loads(data, wire.ALLOC_LIST)) == decode_allocations(body)
 
 
 def test_no_json_is_a_value_error() -> None:
@@ -245,14 +229,16 @@ FRAME = shaped(Index=st.integers(0, 99), Events=st.lists(EVENT, max_size=3))
 @given(st.lists(ALLOC | ANY_JSON, max_size=3) | ANY_JSON)
 def test_any_allocation_list_decodes_as_the_json_module_decodes_it(body: Any) -> None:
     data = json.dumps(body).encode()
-    assert allocations(wire.loads(data, wire.ALLOC_LIST)) == allocations(json.loads(data))
+    assert decode_allocations(wire.loads(data, wire.ALLOC_LIST)) == decode_allocations(
+        json.loads(data)
+    )
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(JOB | ANY_JSON, max_size=3) | ANY_JSON)
 def test_any_job_list_decodes_as_the_json_module_decodes_it(body: Any) -> None:
     data = json.dumps(body).encode()
-    assert job_stubs(wire.loads(data, wire.JOB_LIST)) == job_stubs(json.loads(data))
+    assert decode_job_stubs(wire.loads(data, wire.JOB_LIST)) == decode_job_stubs(json.loads(data))
 
 
 @settings(max_examples=300, deadline=None)
