@@ -4,7 +4,7 @@ indexes (`by_env`, `ready` oldest first)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import given
@@ -118,6 +118,24 @@ CHANGE_CASES = [
         lambda s: snapshots.with_runner(s, view(7, 2)),
         ("7-1", "7-2", "7-3"),
         {7: ("7-1", "7-2", "7-3")},
+        {7: ("7-1", "7-2", "7-3")},
+    ),
+    ChangeCase(
+        "a ready runner read again as it was stays where it is",
+        (view(7, 1), view(7, 2)),
+        lambda s: snapshots.with_runner(s, view(7, 1)),
+        ("7-1", "7-2"),
+        {7: ("7-1", "7-2")},
+        {7: ("7-1", "7-2")},
+    ),
+    ChangeCase(
+        "a ready runner whose CreateIndex changed moves to its new place",
+        (view(7, 1), view(7, 2), view(7, 3)),
+        lambda s: snapshots.with_runner(
+            s, replace(view(7, 1), job=replace(view(7, 1).job, create_index=5))
+        ),
+        ("7-1", "7-2", "7-3"),
+        {7: ("7-2", "7-3", "7-1")},
         {7: ("7-1", "7-2", "7-3")},
     ),
     ChangeCase(
@@ -251,15 +269,21 @@ def test_incremental_updates_equal_a_rebuild(
         return view(env_of[n], n, phase, claimed=claimed, known=known)
 
     snap = snap_of(*(make(n, s) for n, s in start.items()))
+    # The runners as a dict holds them (in the order they came), which is the
+    # order a rebuild from a list gives.
+    model = {v.id: v for v in (make(n, s) for n, s in start.items())}
     for n, state in steps:
         runner_id = f"{env_of[n]}-{n}"
         if state is None:
             read = Read({}, {}, {}, (), (runner_id,))
+            model.pop(runner_id, None)
         else:
             read = Read({}, {runner_id: make(n, state)}, {})
+            model[runner_id] = make(n, state)
         snap = snapshots.merged(
             snap, read, jobs_index=0, allocs_index=0, covers=0, taken_at=0.0, safe=True
         )
-        assert dict(snap.ready) == index_ready(snap.runners)
+        assert dict(snap.runners) == model
+        assert dict(snap.ready) == index_ready(model)
         # Kept up to date, not rebuilt: in the very order a rebuild gives.
-        assert dict(snap.by_env) == index_by_env(snap.runners)
+        assert dict(snap.by_env) == index_by_env(model)
