@@ -7,6 +7,8 @@ replicas, claim_wait, ratios, clients.
 `python -m bench prewarm --trace FILE.csv` replays a claim trace of your own
 instead of the shipped ones (bench/b8_prewarm.py). `--profile` adds, for claims
 and executions, where the controller's CPU goes by function (bench/profile.py).
+`python -m bench claims --pool N` runs the claims with a warm pool of N runners
+instead of 2,000 (bench/results/claims_pool<N>.json).
 A benchmark that breaks is reported and the others still run; the exit status
 is 0 unless one could not run at all (targets missed are reported, never a
 failure).
@@ -77,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         "execution, by function (bench/results/<name>_profile.json and .txt)",
     )
     parser.add_argument(
+        "--pool",
+        type=int,
+        metavar="N",
+        help="claims: a warm pool of N runners instead of 2,000 "
+        "(bench/results/claims_pool<N>.json)",
+    )
+    parser.add_argument(
         "--controller-tree",
         type=Path,
         metavar="PATH",
@@ -113,6 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         benchmarks["claims"] = lambda quick: [b1_claims.run(quick, profile=True)]
         benchmarks["executions"] = lambda quick: [b6_executions.run(quick, profile=True)]
+    if args.pool is not None:
+        if args.names != ["claims"]:
+            parser.error("--pool is an option of the claims benchmark only: name it alone")
+        if args.pool < 50:
+            parser.error("--pool takes at least 50 runners (the closed loops claim 50 at least)")
+        benchmarks["claims"] = lambda quick: [
+            b1_claims.run(quick, profile=args.profile, pool=args.pool)
+        ]
     if args.follower and args.no_refill:
         parser.error(
             "--no-refill switches the refill of the replica the clients talk to: not "
