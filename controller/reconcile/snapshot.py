@@ -115,9 +115,8 @@ def update_ready(
     """`ready` after the runners `changed` (runner id → environment id)
     changed, appeared or went away; `before` and `after` are the runners
     then and now. Only runners that stop or start being claimable (or change
-    age) move, each at the place bisection finds: most changes (a claimed or
-    starting runner read again) leave the environment's list as it is, and
-    none scans it."""
+    age) move, each at the place bisection finds, not a scan: most changes
+    (a claimed or starting runner read again) leave the list as it is."""
     leaving: dict[int, list[RunnerView]] = defaultdict(list)
     entering: dict[int, list[RunnerView]] = defaultdict(list)
     for runner_id in changed:
@@ -130,19 +129,19 @@ def update_ready(
             leaving[old.env_id].append(old)
         if new is not None:
             entering[new.env_id].append(new)
-    if not leaving and not entering:
-        return dict(ready)
     out = dict(ready)
     for env_id in leaving.keys() | entering.keys():
         current = list(out.get(env_id, ()))
         # Every runner listed was claimable before, so its age is in `before`;
         # once those leaving are out, every one left is in `after` as well.
-        for view in leaving.get(env_id, ()):
-            at = bisect.bisect_left(current, _age(view), key=lambda r: _age(before[r]))
-            if at < len(current) and current[at] == view.id:
+        for gone in leaving.get(env_id, ()):
+            at = bisect.bisect_left(current, _age(gone), key=lambda r: _age(before[r]))
+            if at < len(current) and current[at] == gone.id:
                 del current[at]
-        for view in entering.get(env_id, ()):
-            bisect.insort(current, view.id, key=lambda r: _age(after[r]))
+            elif gone.id in current:  # never left listed, whatever broke the order
+                current.remove(gone.id)
+        for came in entering.get(env_id, ()):
+            bisect.insort(current, came.id, key=lambda r: _age(after[r]))
         if current:
             out[env_id] = tuple(current)
         else:

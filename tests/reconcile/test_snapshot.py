@@ -241,6 +241,15 @@ def test_views_and_claimable_read_the_indexes() -> None:
     assert list(snap.claimable(8)) == []
 
 
+def test_a_claimed_runner_leaves_a_ready_list_out_of_order() -> None:
+    """Bisection finds a runner only in a list kept in order: one that is
+    not (whatever broke it) is searched, never left claimable."""
+    snap = snap_of(view(7, 1), view(7, 2), view(7, 3))
+    broken = replace(snap, ready={7: ("7-2", "7-1", "7-3")})
+    after = snapshots.with_runner(broken, view(7, 2, claimed=True))
+    assert after.ready == {7: ("7-1", "7-3")}
+
+
 STATES = st.sampled_from(
     [
         (Phase.READY, False, True),
