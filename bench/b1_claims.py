@@ -162,9 +162,9 @@ def run(quick: bool = False, profile: bool = False, pool: int | None = None) -> 
     """`pool` other than the default's is written as `claims_pool<N>`: a claim
     touches one runner, so its figures should not move with the pool's size."""
     name = "claims" if pool is None else f"claims_pool{pool}"
-    result = Result(name, f"Claim latency through the HTTP API (warm pool of {pool or POOL:,})")
     scale = 0.3 if quick else 1.0
     pool = pool or int(POOL * scale)
+    result = Result(name, f"Claim latency through the HTTP API (warm pool of {pool:,})")
     with child_processes() as procs:
         sim_proc, sim = start_sim(procs)
         sim.json("POST", "/_bench/seed", {"env_id": ENV_ID, "runners": pool, "pool": pool})

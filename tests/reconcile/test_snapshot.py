@@ -277,10 +277,11 @@ def test_incremental_updates_equal_a_rebuild(
         phase, claimed, known = state
         return view(env_of[n], n, phase, claimed=claimed, known=known)
 
-    snap = snap_of(*(make(n, s) for n, s in start.items()))
+    views = [make(n, s) for n, s in start.items()]
+    snap = snap_of(*views)
     # The runners as a dict holds them (in the order they came), which is the
     # order a rebuild from a list gives.
-    model = {v.id: v for v in (make(n, s) for n, s in start.items())}
+    model = {v.id: v for v in views}
     for n, state in steps:
         runner_id = f"{env_of[n]}-{n}"
         if state is None:
