@@ -13,8 +13,12 @@ POST /api/v1/runners over keep-alive connections:
 
 The controller's own share of a claim is its latency minus the duration of
 its Nomad write (the EnforceIndex register), which the controller process
-records per runner. CPU of the controller and of the simulator per claim come
-from their processes' CPU time.
+records per runner. An extra run at 100 claims/s takes each claim's way
+apart (`bench.marks`): the client's, the controller's and the simulator's
+marks of the same claim on the machine's one monotonic clock, as mean
+milliseconds per segment over the faster half and the slowest 1 %. CPU of
+the controller and of the simulator per claim come from their processes'
+CPU time.
 
 Little's law ties the two targets together: 50 clients in a closed loop at
 500 claims/s wait 100 ms on average, so the p99 target of 10 ms is checked on
@@ -38,6 +42,7 @@ from bench.common import (
     summary_ms,
     wait_for,
 )
+from bench.marks import SEGMENTS, breakdown, now, segments
 from tests.support.processes import ChildProcess, child_processes
 
 ENV_ID = 1
@@ -53,20 +58,26 @@ class Claims:
         self.latencies: list[float] = []
         self.runners: dict[str, float] = {}
         self.errors: dict[int, int] = {}
+        # runner id → when its claim was due, sent and answered (bench.marks' clock)
+        self.marks: dict[str, tuple[float, float, float]] = {}
 
-    def record(self, seconds: float, status: int, body: bytes) -> None:
+    def record(self, due: float, sent: float, done: float, status: int, body: bytes) -> None:
         with self.lock:
             if status == 200:
-                self.latencies.append(seconds)
-                self.runners[json.loads(body)["runnerId"]] = seconds
+                runner = json.loads(body)["runnerId"]
+                self.latencies.append(done - sent)
+                self.runners[runner] = done - sent
+                self.marks[runner] = (due, sent, done)
             else:
                 self.errors[status] = self.errors.get(status, 0) + 1
 
 
-def claim_once(api: Http, claims: Claims) -> None:
-    started = time.perf_counter()
+def claim_once(api: Http, claims: Claims, due: float | None = None) -> None:
+    """One claim; its latency counts from when it was sent (`due`, when it
+    was meant to be, is kept beside it for `bench.marks`)."""
+    sent = now()
     status, body = api.request("POST", "/api/v1/runners", CLAIM)
-    claims.record(time.perf_counter() - started, status, body)
+    claims.record(sent if due is None else due, sent, now(), status, body)
 
 
 def closed_loop(api: Http, clients: int, total: int) -> tuple[Claims, float]:
@@ -108,19 +119,20 @@ def open_loop(api: Http, clients: int, rate: float, seconds: float) -> tuple[Cla
         barrier.wait()
         first = start_at[0] + k * period / clients  # spread the clients over one period
         for i in range(per_client):
-            wait = first + i * period - time.perf_counter()
+            due = first + i * period
+            wait = due - now()
             if wait > 0:
                 time.sleep(wait)
-            claim_once(api, claims)
+            claim_once(api, claims, due)
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
     for t in threads:
         t.start()
-    start_at[0] = time.perf_counter() + 0.05
+    start_at[0] = now() + 0.05
     barrier.wait()
     for t in threads:
         t.join()
-    return claims, time.perf_counter() - start_at[0]
+    return claims, now() - start_at[0]
 
 
 def measure(
@@ -211,6 +223,26 @@ def run(quick: bool = False, profile: bool = False, pool: int | None = None) -> 
             sampled, _ = open_loop(api, 50, 100.0, 10.0 * scale)  # ~600 samples
             table = bench_profile.per_unit(sampling.stop(), len(sampled.latencies))
             result.details["profile"] = str(bench_profile.write(name, "claim", table))
+        # An extra run, marked: where each claim's time went (bench.marks).
+        wait_for(lambda: idle_runners(api, ENV_ID) >= pool, timeout=300, what="pool refilled")
+        time.sleep(1.0)
+        api.json("GET", "/_bench/marks?on=1")
+        sim.json("GET", "/_bench/write_marks?on=1")
+        marked, _ = open_loop(api, 50, 100.0, 10.0 * scale)
+        ctl_marks = api.json("GET", "/_bench/marks?on=0")
+        sim_marks = sim.json("GET", "/_bench/write_marks?on=0")
+        rows = segments(
+            marked.marks,
+            _pairs(ctl_marks["api"]),
+            _pairs(ctl_marks["writes"]),
+            _pairs(sim_marks),
+        )
+        result.details["where_claims_wait"] = {
+            "run": "open loop, 50 clients offering 100 claims/s",
+            "claims": len(marked.latencies),
+            "marked": len(rows),
+            "mean_ms": breakdown(rows),
+        }
         result.details["runs"] = runs
         result.details["pool"] = pool
         result.details["idle_after"] = idle_runners(api, ENV_ID)
@@ -257,7 +289,18 @@ def run(quick: bool = False, profile: bool = False, pool: int | None = None) -> 
             "ms",
             note=f"simulator {_ms(o['simulator_cpu_ms_per_claim'])} ms",
         )
+    for group, means in result.details["where_claims_wait"]["mean_ms"].items():
+        result.add(
+            f"{group} of claims at 100 claims/s offered: mean latency from due",
+            means["total"],
+            "ms",
+            note=", ".join(f"{k} {means[k]:.2f}" for k in SEGMENTS),
+        )
     return result
+
+
+def _pairs(marks: dict[str, list[float]]) -> dict[str, tuple[float, float]]:
+    return {key: (seen, answered) for key, (seen, answered) in marks.items()}
 
 
 def _ms(value: float | None) -> str:

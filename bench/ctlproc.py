@@ -12,7 +12,10 @@ things the benchmarks read from `GET /_bench/probe` on its API port:
 - with `BENCH_TRACK_READY=1`, when each runner first became claimable (the
   snapshot shows it ready) next to when its allocation started running.
 
-`?reset=1` clears what was recorded. Prints `READY <api address>` once the API
+`?reset=1` clears what was recorded. `GET /_bench/marks?on=1` (and `=0`)
+hands over and clears each claim's marks (`bench.marks`: when the API saw
+and answered it, when its write was sent and answered) and records them
+from then on (or not). Prints `READY <api address>` once the API
 listens; SIGTERM stops it.
 """
 
@@ -28,6 +31,7 @@ from typing import Any
 
 import requests
 
+from bench.marks import ApiMarks, Recorder, now
 from controller.config import load_settings
 from controller.logs import configure_logging
 from controller.model import Phase
@@ -59,6 +63,9 @@ class Probe:
         self.requests: dict[str, int] = {}
         self.bytes: dict[str, int] = {}
         self.ready: dict[str, tuple[int, int | None]] = {}
+        self.api_marks = Recorder()
+        self.write_marks = Recorder()
+        service.app.add_middleware(ApiMarks, recorder=self.api_marks)
         controller = service.controller
         gateway: Any = controller.gateway
         self._observer = controller.observer
@@ -79,8 +86,10 @@ class Probe:
             aregister = claim_writer.register_job
 
             async def timed_aregister(job: JsonDict, enforce_index: int | None = None) -> Any:
-                started = time.perf_counter()
+                started, sent = time.perf_counter(), now()
                 result = await aregister(job, enforce_index)
+                if enforce_index and self.write_marks.on:
+                    self.write_marks.note(str(job.get("ID")), sent, now())
                 with self._lock:
                     if enforce_index:
                         self.claim_writes[str(job.get("ID"))] = time.perf_counter() - started
@@ -311,6 +320,14 @@ def main() -> int:
         return probe.report(bool(reset))
 
     service.app.add_api_route("/_bench/probe", bench_probe, methods=["GET"])
+
+    def bench_marks(on: int = 0) -> dict[str, Any]:
+        return {
+            "api": probe.api_marks.take(bool(on)),
+            "writes": probe.write_marks.take(bool(on)),
+        }
+
+    service.app.add_api_route("/_bench/marks", bench_marks, methods=["GET"])
     if os.environ.get("BENCH_NO_REFILL") == "1":
         switch = RefillSwitch(service)
         service.app.add_api_route("/_bench/refill", switch.set, methods=["GET"])

@@ -1,6 +1,6 @@
 """The Nomad simulator in its own process, for the benchmarks.
 
-It is `nomadsim` as `nomad-runner-controller sim` serves it, plus four
+It is `nomadsim` as `nomad-runner-controller sim` serves it, plus five
 routes under `/_bench/` that the benchmarks use to set the cluster up without
 paying for it through HTTP (none of them is part of Nomad or of `/_sim`):
 
@@ -15,7 +15,10 @@ paying for it through HTTP (none of them is part of Nomad or of `/_sim`):
 - `POST /_bench/touch {"ids", "kind"}` changes runners as another writer or
   the cluster would: `job` re-registers each job with one more meta key (a
   new JobModifyIndex; the allocation is updated in place), `crash` makes each
-  runner's task exit (it restarts in place).
+  runner's task exit (it restarts in place);
+- `GET /_bench/write_marks?on=1` (and `=0`) hands over and clears when the
+  simulator's app saw and answered each EnforceIndex register, by job id
+  (`bench.marks`), and records them from then on (or not).
 
 Its garbage collector is paced as the `sim` command paces it (every
 `--gc-freeze-interval` s, 1 by default or `BENCH_SIM_GC_FREEZE_INTERVAL`; the
@@ -41,6 +44,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from bench.marks import Recorder, WriteMarks
 from controller.gcpacing import CollectorPacer, Pacing
 from controller.model import Environment
 from controller.nomad import jobs
@@ -101,7 +105,7 @@ class GcPauses:
         self.total_s += seconds
 
 
-def bench_routes(sim: Simulator, gc_pauses: GcPauses) -> list[Route]:
+def bench_routes(sim: Simulator, gc_pauses: GcPauses, writes: Recorder) -> list[Route]:
     rng = random.Random(7)
 
     async def seed(request: Request) -> Response:
@@ -165,6 +169,9 @@ def bench_routes(sim: Simulator, gc_pauses: GcPauses) -> list[Route]:
             touched += 1
         return JSONResponse({"index": sim.store.index, "touched": touched})
 
+    async def write_marks(request: Request) -> Response:
+        return JSONResponse(writes.take(request.query_params.get("on") == "1"))
+
     async def processes(request: Request) -> Response:
         """Live processes an allocation's executions left: those carrying the
         simulator's marker, and (as root) every process of its unprivileged uid."""
@@ -180,6 +187,7 @@ def bench_routes(sim: Simulator, gc_pauses: GcPauses) -> list[Route]:
         Route("/_bench/seed", seed, methods=["POST"]),
         Route("/_bench/status", status, methods=["GET"]),
         Route("/_bench/touch", touch, methods=["POST"]),
+        Route("/_bench/write_marks", write_marks, methods=["GET"]),
     ]
 
 
@@ -202,7 +210,9 @@ def serve(args: argparse.Namespace) -> None:
         port=args.port,
     )
     gc_pauses = GcPauses(args.gc_freeze_interval)
-    server.app.router.routes.extend(bench_routes(server.sim, gc_pauses))
+    writes = Recorder()
+    server.app.router.routes.extend(bench_routes(server.sim, gc_pauses, writes))
+    server.app.add_middleware(WriteMarks, recorder=writes)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -13,9 +13,10 @@ import random
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from bench import b14_ratios, floorproc
+from bench import b14_ratios, floorproc, marks
 from bench import profile as bench_profile
 from bench.b7_files import StreamedUpload, submission
 from bench.common import (
@@ -328,3 +329,79 @@ def test_ratios_follower_talks_to_a_replica_that_does_not_lead(sim: SimServer) -
         second, _ = b14_ratios.start_replica(procs, sim.address, {}, None)
         assert b14_ratios.role(second) == "follower"
         assert b14_ratios.role(first) == "leader"
+
+
+def test_a_claims_way_is_taken_apart_at_its_marks_and_a_claim_missing_one_is_left_out() -> None:
+    client = {"r1": (10.0, 10.5, 20.0), "r2": (30.0, 30.0, 31.0)}
+    api = {"r1": (11.0, 18.0), "r2": (30.1, 30.9)}
+    writes = {"r1": (12.0, 17.0)}  # r2's write was not marked
+    nomad = {"r1": (13.0, 15.0), "r2": (30.2, 30.3)}
+    [row] = marks.segments(client, api, writes, nomad)
+    assert row == {
+        "total": 10.0,
+        "late": 0.5,
+        "to_api": 0.5,
+        "before_write": 1.0,
+        "to_nomad": 1.0,
+        "in_nomad": 2.0,
+        "from_nomad": 2.0,
+        "after_write": 1.0,
+        "back": 2.0,
+    }
+    assert sum(row[k] for k in marks.SEGMENTS) == row["total"]
+
+
+def test_the_breakdown_is_the_mean_ms_of_the_faster_half_and_the_slowest_percent() -> None:
+    rows = [dict.fromkeys(("total", *marks.SEGMENTS), t / 1000) for t in range(1, 201)]
+    random.Random(3).shuffle(rows)
+    out = marks.breakdown(rows)
+    assert out["faster half"]["claims"] == 100
+    assert out["faster half"]["total"] == pytest.approx(50.5)
+    assert out["slowest 1 %"]["claims"] == 2
+    assert out["slowest 1 %"]["in_nomad"] == pytest.approx(199.5)
+    assert marks.breakdown([]) == {}
+
+
+def test_the_api_marks_claims_by_runner_only_while_switched_on() -> None:
+    app = FastAPI()
+
+    @app.post("/api/v1/runners")
+    def claim() -> dict[str, str]:
+        return {"runnerId": "1-abc"}
+
+    @app.post("/api/v1/other")
+    def other() -> dict[str, str]:
+        return {"runnerId": "1-other"}
+
+    recorder = marks.Recorder()
+    app.add_middleware(marks.ApiMarks, recorder=recorder)
+    client = TestClient(app)
+    assert client.post("/api/v1/runners").status_code == 200
+    assert recorder.take(True) == {}
+    before = marks.now()
+    assert client.post("/api/v1/runners").json() == {"runnerId": "1-abc"}
+    client.post("/api/v1/other")
+    recorded = recorder.take(False)
+    assert list(recorded) == ["1-abc"]
+    seen, answered = recorded["1-abc"]
+    assert before <= seen <= answered <= marks.now()
+    client.post("/api/v1/runners")
+    assert recorder.take(False) == {}
+
+
+def test_the_simulator_marks_enforce_index_registers_by_job_id() -> None:
+    app = FastAPI()
+
+    @app.put("/v1/jobs")
+    async def register(request: Request) -> dict[str, int]:
+        await request.body()  # as the simulator reads it before it answers
+        return {"JobModifyIndex": 7}
+
+    recorder = marks.Recorder()
+    app.add_middleware(marks.WriteMarks, recorder=recorder)
+    client = TestClient(app)
+    recorder.take(True)
+    claim = {"Job": {"Region": "global", "ParentID": "", "ID": "1-abc"}, "EnforceIndex": True}
+    assert client.put("/v1/jobs", json=claim).json() == {"JobModifyIndex": 7}
+    client.put("/v1/jobs", json={"Job": {"ID": "1-new"}})  # a creation: not a claim
+    assert list(recorder.take(False)) == ["1-abc"]
