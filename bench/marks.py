@@ -8,7 +8,8 @@ machine), then taken apart per claim.
   runner id it answered;
 - `WriteMarks` (in the simulator's process, `bench.simproc`): when the
   simulator's app saw each EnforceIndex register of a job and when it began
-  to answer, by job id (a claimed runner's job id is its runner id);
+  to answer, by job id (a claimed runner's job id is its runner id; the
+  refill's creations, EnforceIndex 0, are marked too and match no claim);
 - the controller's probe adds when it sent each claim's write and when its
   answer came back, the client when each claim was due, sent and answered.
 

@@ -403,5 +403,5 @@ def test_the_simulator_marks_enforce_index_registers_by_job_id() -> None:
     recorder.take(True)
     claim = {"Job": {"Region": "global", "ParentID": "", "ID": "1-abc"}, "EnforceIndex": True}
     assert client.put("/v1/jobs", json=claim).json() == {"JobModifyIndex": 7}
-    client.put("/v1/jobs", json={"Job": {"ID": "1-new"}})  # a creation: not a claim
+    client.put("/v1/jobs", json={"Job": {"ID": "1-new"}})  # no EnforceIndex: not marked
     assert list(recorder.take(False)) == ["1-abc"]
