@@ -82,20 +82,33 @@ class Recorder:
         return marks
 
 
-class ApiMarks:
-    """ASGI middleware: `POST /api/v1/runners` seen and answered, by runner id."""
+class _Marking:
+    """ASGI middleware over one route: only its requests, while recording."""
+
+    methods: tuple[str, ...] = ()
+    path = ""
 
     def __init__(self, app: App, recorder: Recorder) -> None:
         self.app = app
         self.recorder = recorder
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not (
+    def _marks(self, scope: Scope) -> bool:
+        return (
             self.recorder.on
             and scope["type"] == "http"
-            and scope["method"] == "POST"
-            and scope["path"] == "/api/v1/runners"
-        ):
+            and scope["method"] in self.methods
+            and scope["path"] == self.path
+        )
+
+
+class ApiMarks(_Marking):
+    """`POST /api/v1/runners` seen and answered, by runner id."""
+
+    methods = ("POST",)
+    path = "/api/v1/runners"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._marks(scope):
             return await self.app(scope, receive, send)
         seen = now()
         answered = [0.0]
@@ -115,21 +128,14 @@ class ApiMarks:
         await self.app(scope, receive, marked)
 
 
-class WriteMarks:
-    """ASGI middleware: an EnforceIndex register (`PUT /v1/jobs`) seen and
-    answered, by job id."""
+class WriteMarks(_Marking):
+    """An EnforceIndex register (`PUT /v1/jobs`) seen and answered, by job id."""
 
-    def __init__(self, app: App, recorder: Recorder) -> None:
-        self.app = app
-        self.recorder = recorder
+    methods = ("PUT", "POST")
+    path = "/v1/jobs"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not (
-            self.recorder.on
-            and scope["type"] == "http"
-            and scope["method"] in ("PUT", "POST")
-            and scope["path"] == "/v1/jobs"
-        ):
+        if not self._marks(scope):
             return await self.app(scope, receive, send)
         seen = now()
         body = bytearray()
