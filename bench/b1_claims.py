@@ -178,7 +178,7 @@ def run(quick: bool = False, profile: bool = False, pool: int | None = None) -> 
     pool = pool or int(POOL * scale)
     result = Result(name, f"Claim latency through the HTTP API (warm pool of {pool:,})")
     with child_processes() as procs:
-        sim_proc, sim = start_sim(procs)
+        sim_proc, sim = start_sim(procs, marks=True)
         sim.json("POST", "/_bench/seed", {"env_id": ENV_ID, "runners": pool, "pool": pool})
         wait_for(
             lambda: sim.json("GET", "/_bench/status")["running"] >= pool,
@@ -186,7 +186,7 @@ def run(quick: bool = False, profile: bool = False, pool: int | None = None) -> 
             what="seeded runners running",
         )
         started = time.perf_counter()
-        ctl_proc, api = start_ctlproc(procs, sim.address)
+        ctl_proc, api = start_ctlproc(procs, sim.address, {"BENCH_MARKS": "1"})
         wait_for(lambda: idle_runners(api, ENV_ID) >= pool, timeout=300, what="pool adopted")
         result.details["adopt_pool_s"] = time.perf_counter() - started
         closed_loop(api, 1, 20)  # warm-up, not recorded

@@ -192,9 +192,11 @@ def start_sim(
     stop_delay_s: float = 0.2,
     event_buffer: int = 100,
     topology: str = "tests",
+    marks: bool = False,
 ) -> tuple[ChildProcess, Http]:
     """The simulator in its own process (see bench.simproc); `topology` is
-    `tests` (what the suite runs against), `production` or `direct`."""
+    `tests` (what the suite runs against), `production` or `direct`; `marks`
+    adds its claim writes' marks (`bench.marks`)."""
     proc = ChildProcess(
         python_module(
             "bench.simproc",
@@ -210,6 +212,7 @@ def start_sim(
             str(event_buffer),
             "--topology",
             topology,
+            *(["--marks"] if marks else []),
         )
     )
     procs.append(proc)

@@ -12,10 +12,11 @@ things the benchmarks read from `GET /_bench/probe` on its API port:
 - with `BENCH_TRACK_READY=1`, when each runner first became claimable (the
   snapshot shows it ready) next to when its allocation started running.
 
-`?reset=1` clears what was recorded. `GET /_bench/marks?on=1` (and `=0`)
-hands over and clears each claim's marks (`bench.marks`: when the API saw
-and answered it, when its write was sent and answered) and records them
-from then on (or not). Prints `READY <api address>` once the API
+`?reset=1` clears what was recorded. With `BENCH_MARKS=1`,
+`GET /_bench/marks?on=1` (and `=0`) hands over and clears each claim's
+marks (`bench.marks`: when the API saw and answered it, when its write was
+sent and answered) and records them from then on (or not); without it no
+request passes through the marking middleware. Prints `READY <api address>` once the API
 listens; SIGTERM stops it.
 """
 
@@ -57,7 +58,7 @@ def thread_cpu() -> dict[str, float]:
 
 
 class Probe:
-    def __init__(self, service: Service, track_ready: bool) -> None:
+    def __init__(self, service: Service, track_ready: bool, marks: bool = False) -> None:
         self._lock = threading.Lock()
         self.claim_writes: dict[str, float] = {}
         self.requests: dict[str, int] = {}
@@ -65,7 +66,8 @@ class Probe:
         self.ready: dict[str, tuple[int, int | None]] = {}
         self.api_marks = Recorder()
         self.write_marks = Recorder()
-        service.app.add_middleware(ApiMarks, recorder=self.api_marks)
+        if marks:
+            service.app.add_middleware(ApiMarks, recorder=self.api_marks)
         controller = service.controller
         gateway: Any = controller.gateway
         self._observer = controller.observer
@@ -306,7 +308,8 @@ def main() -> int:
     settings = load_settings()
     configure_logging(settings.log_level, settings.effective_log_format)
     service = build(settings)
-    probe = Probe(service, os.environ.get("BENCH_TRACK_READY") == "1")
+    marks = os.environ.get("BENCH_MARKS") == "1"
+    probe = Probe(service, os.environ.get("BENCH_TRACK_READY") == "1", marks)
 
     sampler = Sampler()
 
@@ -327,7 +330,8 @@ def main() -> int:
             "writes": probe.write_marks.take(bool(on)),
         }
 
-    service.app.add_api_route("/_bench/marks", bench_marks, methods=["GET"])
+    if marks:
+        service.app.add_api_route("/_bench/marks", bench_marks, methods=["GET"])
     if os.environ.get("BENCH_NO_REFILL") == "1":
         switch = RefillSwitch(service)
         service.app.add_api_route("/_bench/refill", switch.set, methods=["GET"])

@@ -16,9 +16,10 @@ paying for it through HTTP (none of them is part of Nomad or of `/_sim`):
   the cluster would: `job` re-registers each job with one more meta key (a
   new JobModifyIndex; the allocation is updated in place), `crash` makes each
   runner's task exit (it restarts in place);
-- `GET /_bench/write_marks?on=1` (and `=0`) hands over and clears when the
-  simulator's app saw and answered each EnforceIndex register, by job id
-  (`bench.marks`), and records them from then on (or not).
+- with `--marks`, `GET /_bench/write_marks?on=1` (and `=0`) hands over and
+  clears when the simulator's app saw and answered each EnforceIndex
+  register, by job id (`bench.marks`), and records them from then on (or
+  not); without it no request passes through the marking middleware.
 
 Its garbage collector is paced as the `sim` command paces it (every
 `--gc-freeze-interval` s, 1 by default or `BENCH_SIM_GC_FREEZE_INTERVAL`; the
@@ -105,7 +106,7 @@ class GcPauses:
         self.total_s += seconds
 
 
-def bench_routes(sim: Simulator, gc_pauses: GcPauses, writes: Recorder) -> list[Route]:
+def bench_routes(sim: Simulator, gc_pauses: GcPauses, writes: Recorder | None) -> list[Route]:
     rng = random.Random(7)
 
     async def seed(request: Request) -> Response:
@@ -170,6 +171,8 @@ def bench_routes(sim: Simulator, gc_pauses: GcPauses, writes: Recorder) -> list[
         return JSONResponse({"index": sim.store.index, "touched": touched})
 
     async def write_marks(request: Request) -> Response:
+        if writes is None:
+            return JSONResponse({"error": "started without --marks"}, status_code=404)
         return JSONResponse(writes.take(request.query_params.get("on") == "1"))
 
     async def processes(request: Request) -> Response:
@@ -210,9 +213,10 @@ def serve(args: argparse.Namespace) -> None:
         port=args.port,
     )
     gc_pauses = GcPauses(args.gc_freeze_interval)
-    writes = Recorder()
+    writes = Recorder() if args.marks else None
     server.app.router.routes.extend(bench_routes(server.sim, gc_pauses, writes))
-    server.app.add_middleware(WriteMarks, recorder=writes)
+    if writes is not None:
+        server.app.add_middleware(WriteMarks, recorder=writes)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -234,6 +238,7 @@ def main() -> None:
     parser.add_argument("--stop-delay", type=float, default=0.2)
     parser.add_argument("--event-buffer", type=int, default=100)
     parser.add_argument("--topology", choices=["tests", "production", "direct"], default="tests")
+    parser.add_argument("--marks", action="store_true", help="mark claim writes (bench.marks)")
     parser.add_argument(
         "--gc-freeze-interval",
         type=float,
