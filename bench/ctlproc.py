@@ -16,8 +16,8 @@ things the benchmarks read from `GET /_bench/probe` on its API port:
 `GET /_bench/marks?on=1` (and `=0`) hands over and clears each claim's
 marks (`bench.marks`: when the API saw and answered it, when its write was
 sent and answered) and records them from then on (or not); without it no
-request passes through the marking middleware. Prints `READY <api address>` once the API
-listens; SIGTERM stops it.
+request passes through the marking middleware. Prints `READY <api address>`
+once the API listens; SIGTERM stops it.
 """
 
 from __future__ import annotations
@@ -323,14 +323,14 @@ def main() -> int:
         return probe.report(bool(reset))
 
     service.app.add_api_route("/_bench/probe", bench_probe, methods=["GET"])
-
-    def bench_marks(on: int = 0) -> dict[str, Any]:
-        return {
-            "api": probe.api_marks.take(bool(on)),
-            "writes": probe.write_marks.take(bool(on)),
-        }
-
     if marks:
+
+        def bench_marks(on: int = 0) -> dict[str, Any]:
+            return {
+                "api": probe.api_marks.take(bool(on)),
+                "writes": probe.write_marks.take(bool(on)),
+            }
+
         service.app.add_api_route("/_bench/marks", bench_marks, methods=["GET"])
     if os.environ.get("BENCH_NO_REFILL") == "1":
         switch = RefillSwitch(service)

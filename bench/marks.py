@@ -3,9 +3,9 @@ controller and the simulator, timestamped in each process on the machine's
 monotonic clock (CLOCK_MONOTONIC is one clock for every process of a Linux
 machine), then taken apart per claim.
 
-- `ApiMarks` (in the controller's process, `bench.ctlproc`): when the API's
-  outermost middleware saw each claim and when it began to answer, by the
-  runner id it answered;
+- `ApiMarks` (in the controller's process, `bench.ctlproc`): when a
+  middleware added to the API saw each claim and when the API began to
+  answer, by the runner id it answered;
 - `WriteMarks` (in the simulator's process, `bench.simproc`): when the
   simulator's app saw each EnforceIndex register of a job and when it began
   to answer, by job id (a claimed runner's job id is its runner id; the
@@ -13,8 +13,10 @@ machine), then taken apart per claim.
 - the controller's probe adds when it sent each claim's write and when its
   answer came back, the client when each claim was due, sent and answered.
 
-Both middlewares do nothing until switched on, so the benchmark's other
-runs pay nothing for them. `segments` puts the marks of one claim together:
+Only the claims benchmark installs them (`BENCH_MARKS=1`, `simproc
+--marks`), and they record only while switched on, so its other runs pay
+one pass-through per request and other benchmarks nothing. `segments` puts
+the marks of one claim together:
 
 | segment | from | to |
 |---|---|---|

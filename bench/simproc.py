@@ -1,8 +1,9 @@
 """The Nomad simulator in its own process, for the benchmarks.
 
-It is `nomadsim` as `nomad-runner-controller sim` serves it, plus five
-routes under `/_bench/` that the benchmarks use to set the cluster up without
-paying for it through HTTP (none of them is part of Nomad or of `/_sim`):
+It is `nomadsim` as `nomad-runner-controller sim` serves it, plus four
+routes under `/_bench/` (five with `--marks`) that the benchmarks use to
+set the cluster up without paying for it through HTTP (none of them is part
+of Nomad or of `/_sim`):
 
 - `POST /_bench/seed {"env_id", "runners", "pool"}` registers the template
   job of the environment (with that pool size) and `runners` runner jobs in
@@ -106,7 +107,7 @@ class GcPauses:
         self.total_s += seconds
 
 
-def bench_routes(sim: Simulator, gc_pauses: GcPauses, writes: Recorder | None) -> list[Route]:
+def bench_routes(sim: Simulator, gc_pauses: GcPauses) -> list[Route]:
     rng = random.Random(7)
 
     async def seed(request: Request) -> Response:
@@ -170,11 +171,6 @@ def bench_routes(sim: Simulator, gc_pauses: GcPauses, writes: Recorder | None) -
             touched += 1
         return JSONResponse({"index": sim.store.index, "touched": touched})
 
-    async def write_marks(request: Request) -> Response:
-        if writes is None:
-            return JSONResponse({"error": "started without --marks"}, status_code=404)
-        return JSONResponse(writes.take(request.query_params.get("on") == "1"))
-
     async def processes(request: Request) -> Response:
         """Live processes an allocation's executions left: those carrying the
         simulator's marker, and (as root) every process of its unprivileged uid."""
@@ -190,8 +186,14 @@ def bench_routes(sim: Simulator, gc_pauses: GcPauses, writes: Recorder | None) -
         Route("/_bench/seed", seed, methods=["POST"]),
         Route("/_bench/status", status, methods=["GET"]),
         Route("/_bench/touch", touch, methods=["POST"]),
-        Route("/_bench/write_marks", write_marks, methods=["GET"]),
     ]
+
+
+def write_marks_route(writes: Recorder) -> Route:
+    async def write_marks(request: Request) -> Response:
+        return JSONResponse(writes.take(request.query_params.get("on") == "1"))
+
+    return Route("/_bench/write_marks", write_marks, methods=["GET"])
 
 
 def _topology(name: str) -> dict[str, Any]:
@@ -213,9 +215,10 @@ def serve(args: argparse.Namespace) -> None:
         port=args.port,
     )
     gc_pauses = GcPauses(args.gc_freeze_interval)
-    writes = Recorder() if args.marks else None
-    server.app.router.routes.extend(bench_routes(server.sim, gc_pauses, writes))
-    if writes is not None:
+    server.app.router.routes.extend(bench_routes(server.sim, gc_pauses))
+    if args.marks:
+        writes = Recorder()
+        server.app.router.routes.append(write_marks_route(writes))
         server.app.add_middleware(WriteMarks, recorder=writes)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
