@@ -21,7 +21,12 @@ machine, and the ratio of the two is what the controller adds.
   HTTP stack and write with nothing behind them, on jobs of its own; and
   "beside the upkeep": a floor process that claims the controller's own
   idle runners, each once, while the controller refills the pool in its
-  own process (an API that observes nothing, the upkeep beside it). And
+  own process (an API that observes nothing, the upkeep beside it).
+  "The API observing nothing": the same, through the controller's own API
+  and claims in a process of their own that keeps no pool up and stops
+  observing after its first look (`bench.ctlproc.ApiOnly`), so the most an
+  API process fed by the upkeep could gain, with the controller's stack
+  rather than the floor's. And
   "the floor and its refill": the floor on its own jobs registering one new
   runner job after each claim's answer, with no observation and no pass, the
   least Nomad work a warm pool asks for per claim (its jobs deleted after
@@ -533,6 +538,9 @@ class Bench:
         self.procs: list[ChildProcess] = []
         # The unprivileged wrapper the controller's executions go through.
         self.wrapper: tuple[str, ...] = ()
+        # Where the controller comes from (`--controller-tree`), and its settings.
+        self.tree: Path | None = None
+        self.settings: Mapping[str, str] = {}
 
     @contextlib.contextmanager
     def refill_off(self) -> Iterator[None]:
@@ -625,6 +633,25 @@ class Bench:
         finally:
             proc.stop()
 
+    @contextlib.contextmanager
+    def api_only(self) -> Iterator[tuple[ChildProcess, Http] | None]:
+        """The controller's API observing nothing (`bench.ctlproc.ApiOnly`),
+        started on a full and quiet pool and stopped after the phase; the
+        controller refills. None from a controller tree whose bench.ctlproc
+        does not know `BENCH_API_ONLY` (it would lead, and keep the pool up
+        beside the controller): the phase is left out."""
+        self.quiet()
+        proc, api = start_ctlproc(
+            self.procs,
+            self.sim.address,
+            {**self.settings, "BENCH_API_ONLY": "1"},
+            tree=self.tree,
+        )
+        try:
+            yield (proc, api) if role(proc) == "follower" else None
+        finally:
+            proc.stop()
+
     def claim_phases(self, bare: BareJobs) -> dict[str, list[Load]]:
         s = self.scale
         phases = (
@@ -636,6 +663,8 @@ class Bench:
             "closed_bare",
             "closed_floor",
             "closed_beside",
+            "open_api_only",
+            "closed_api_only",
             "open_refill",
             "closed_refill",
         )
@@ -674,6 +703,18 @@ class Bench:
                         proc,
                     )
                 )
+            with self.api_only() as started:
+                if started is not None:
+                    proc, alone = started
+                    out["open_api_only"].append(
+                        self.metered(
+                            "claims through the API observing nothing",
+                            functools.partial(
+                                open_loop, CLIENTS, CLAIM_RATE, s.open_s, claims_to(alone), alone
+                            ),
+                            proc,
+                        )
+                    )
         for _ in range(s.rounds):
             self.quiet()
             # Never more claims than the pool holds (an empty pool answers at once).
@@ -694,6 +735,12 @@ class Bench:
                 out["closed_beside"].append(
                     closed_loop(CLIENTS, s.closed_s, cap, claims_to(beside), beside)
                 )
+            with self.api_only() as started:
+                if started is not None:
+                    alone = started[1]
+                    out["closed_api_only"].append(
+                        closed_loop(CLIENTS, s.closed_s, cap, claims_to(alone), alone)
+                    )
         return out
 
     # executions
@@ -814,6 +861,7 @@ def run(
         bench.leader = leader
         bench.wrapper = (setuser, "user")
         bench.procs = procs
+        bench.tree, bench.settings = tree, ctl_settings
         floor_proc = start_controller_process(
             procs,
             sim.address,
@@ -964,6 +1012,10 @@ def figures(
     # the controller, in its own process, observes them and refills the pool.
     beside = "through the floor, the controller refilling"
     stack_figures(result, "beside the upkeep", beside, claims, "beside", bare, bare_rate)
+    # The controller's own API and claims, observing nothing and keeping no
+    # pool up, beside the controller that refills: the most a split could gain.
+    alone = "through the controller's API observing nothing, the controller refilling"
+    stack_figures(result, "the API observing nothing", alone, claims, "api_only", bare, bare_rate)
     # The floor and its refill: what a claim and the creation it causes cost
     # Nomad here, with nothing of the controller.
     refilled = "through the floor, one creation after each"
@@ -1028,6 +1080,14 @@ def figures(
         "ms",
         note=f"floor {_ms(beside_cpu.get('floor'))} ms, controller "
         f"{_ms(beside_cpu.get('controller'))} ms, simulator {_ms(beside_cpu.get('simulator'))} ms",
+    )
+    alone_cpu = cpu.get("claims through the API observing nothing") or {}
+    result.add(
+        "the API observing nothing: its CPU per claim",
+        alone_cpu.get("floor"),
+        "ms",
+        note=f"the controller refilling {_ms(alone_cpu.get('controller'))} ms, "
+        f"simulator {_ms(alone_cpu.get('simulator'))} ms",
     )
     for what, unit, bare_what, bare_unit in (
         ("claims", "claim", "bare writes", "bare write"),

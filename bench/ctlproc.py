@@ -16,7 +16,9 @@ things the benchmarks read from `GET /_bench/probe` on its API port:
 `GET /_bench/marks?on=1` (and `=0`) hands over and clears each claim's
 marks (`bench.marks`: when the API saw and answered it, when its write was
 sent and answered) and records them from then on (or not); without it no
-request passes through the marking middleware. Prints `READY <api address>`
+request passes through the marking middleware. `BENCH_API_ONLY=1` makes it
+an API that neither keeps pools up nor observes after its first look
+(`ApiOnly`). Prints `READY <api address>`
 once the API listens; SIGTERM stops it.
 """
 
@@ -37,6 +39,7 @@ from controller.config import load_settings
 from controller.logs import configure_logging
 from controller.model import Phase
 from controller.nomad.gateway import JsonDict, WriteResult
+from controller.reconcile.loop import Controller
 from controller.reconcile.snapshot import Snapshot
 from controller.service import Service, build, serve
 
@@ -187,6 +190,35 @@ class RefillSwitch:
         return {"refill": bool(on), "skipped": skipped}
 
 
+class ApiOnly:
+    """With `BENCH_API_ONLY=1` (`ratios`, "the API observing nothing"): the
+    controller's own API, claims and snapshot, with no upkeep (it never leads:
+    no pass, no creation) and no observation once it has looked at Nomad
+    once (no event stream, every later refresh keeps the snapshot it has).
+    Started on a full, quiet pool beside a controller that keeps that pool
+    up, it hands out the runners of its first look, each once, and sees only
+    its own claims' writes. It is what a claim would cost in an API process
+    fed by an upkeep process, less whatever the feed itself would cost: the
+    most that moving observation and upkeep out of the API's process could
+    gain."""
+
+    @staticmethod
+    def before_build() -> None:
+        os.environ["NRC_EVENT_STREAM"] = "false"
+        # Before `build`: the controller's parts take `is_leader` when wired.
+        Controller.is_leader = lambda self: False  # type: ignore[method-assign]
+
+    @staticmethod
+    def after_build(service: Service) -> None:
+        observer = service.controller.observer
+        observe: Callable[[], Snapshot] = observer._observe
+
+        def once() -> Snapshot:
+            return observer.snapshot if observer.observed_once else observe()
+
+        observer._observe = once  # type: ignore[method-assign]
+
+
 def _profile_threads(path: str) -> Callable[[], None]:
     """cProfile in every thread started from now on (and this one); the
     merged statistics are written to `path` by the returned function."""
@@ -305,9 +337,14 @@ class Sampler:
 def main() -> int:
     profile_to = os.environ.get("BENCH_PROFILE")
     dump = _profile_threads(profile_to) if profile_to else None
+    api_only = os.environ.get("BENCH_API_ONLY") == "1"
+    if api_only:
+        ApiOnly.before_build()
     settings = load_settings()
     configure_logging(settings.log_level, settings.effective_log_format)
     service = build(settings)
+    if api_only:
+        ApiOnly.after_build(service)
     marks = os.environ.get("BENCH_MARKS") == "1"
     probe = Probe(service, os.environ.get("BENCH_TRACK_READY") == "1", marks)
 

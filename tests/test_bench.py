@@ -16,7 +16,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from bench import b14_ratios, floorproc, marks
+from bench import b14_ratios, floorproc, marks, simproc
 from bench import profile as bench_profile
 from bench.b7_files import StreamedUpload, submission
 from bench.common import (
@@ -27,6 +27,7 @@ from bench.common import (
     metric_sum,
     percentile,
     render_table,
+    start_ctlproc,
     summary_ms,
     write_result,
 )
@@ -329,6 +330,40 @@ def test_ratios_follower_talks_to_a_replica_that_does_not_lead(sim: SimServer) -
         second, _ = b14_ratios.start_replica(procs, sim.address, {}, None)
         assert b14_ratios.role(second) == "follower"
         assert b14_ratios.role(first) == "leader"
+
+
+def test_the_api_observing_nothing_hands_out_what_it_saw_first_and_keeps_no_pool_up(
+    sim: SimServer,
+) -> None:
+    """`ratios`, "the API observing nothing" (`bench.ctlproc.ApiOnly`): the
+    controller's own API over the runners of its first look, each once; it
+    does not lead, so it creates none, and once it has looked it sends
+    Nomad nothing but the claims' writes."""
+    nomad = Http(sim.address)
+    env_id = b14_ratios.ENV_ID
+    template = jobs.template_job(simproc.environment(env_id, 3))
+    nomad.json("PUT", "/v1/jobs", {"Job": template})
+    runners = b14_ratios.BareJobs(nomad, 3, f"{env_id}-").ids
+
+    def running() -> set[str]:
+        allocs = nomad.json("GET", "/v1/allocations")
+        return {a["JobID"] for a in allocs if a["ClientStatus"] == "running"}
+
+    wait_until(lambda: set(runners) <= running(), timeout=30)
+    with child_processes() as procs:
+        proc, api = start_ctlproc(
+            procs, sim.address, {"BENCH_API_ONLY": "1", "NRC_RESYNC_INTERVAL": "50ms"}
+        )
+        assert b14_ratios.role(proc) == "follower"
+        api.json("GET", "/_bench/probe?reset=1")
+        answers = [api.request("POST", "/api/v1/runners", b14_ratios.CLAIM) for _ in range(4)]
+        probe = api.json("GET", "/_bench/probe")
+    assert [status for status, _ in answers[:3]] == [200] * 3
+    assert sorted(json.loads(body)["runnerId"] for _, body in answers[:3]) == sorted(runners)
+    assert answers[3][0] != 200, answers[3]
+    assert set(probe["requests"]) == {"PUT /v1/jobs"}, probe["requests"]
+    listed = nomad.json("GET", f"/v1/jobs?prefix={env_id}-")
+    assert sorted(j["ID"] for j in listed) == sorted(runners)
 
 
 def test_a_claims_way_is_taken_apart_at_its_marks_and_a_claim_missing_one_is_left_out() -> None:
