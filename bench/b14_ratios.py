@@ -634,12 +634,15 @@ class Bench:
             proc.stop()
 
     @contextlib.contextmanager
-    def api_only(self) -> Iterator[tuple[ChildProcess, Http] | None]:
-        """The controller's API observing nothing (`bench.ctlproc.ApiOnly`),
-        started on a full and quiet pool and stopped after the phase; the
-        controller refills. None from a controller tree whose bench.ctlproc
-        does not know `BENCH_API_ONLY` (it would lead, and keep the pool up
-        beside the controller): the phase is left out."""
+    def api_only(self) -> Iterator[tuple[ChildProcess, Http, Action] | None]:
+        """The controller's API observing nothing (`bench.ctlproc.ApiOnly`)
+        and the claims to send it, started on a full and quiet pool and
+        stopped after the phase; the controller refills. The runners it
+        handed out are then deleted, so the simulator's nodes hold no more
+        claimed runners than before these phases were measured. None from a
+        controller tree whose bench.ctlproc does not know `BENCH_API_ONLY`
+        (it would lead, and keep the pool up beside the controller): the
+        phase is left out."""
         self.quiet()
         proc, api = start_ctlproc(
             self.procs,
@@ -647,10 +650,20 @@ class Bench:
             {**self.settings, "BENCH_API_ONLY": "1"},
             tree=self.tree,
         )
+        taken: list[str] = []
+
+        def claim(k: int, i: int) -> bool:
+            status, body = api.request("POST", "/api/v1/runners", CLAIM)
+            if status == 200:
+                taken.append(json.loads(body)["runnerId"])
+            return status == 200
+
         try:
-            yield (proc, api) if role(proc) == "follower" else None
+            yield (proc, api, claim) if role(proc) == "follower" else None
         finally:
             proc.stop()
+            for runner in taken:
+                self.sim.request("DELETE", f"/v1/job/{runner}?purge=true")
 
     def claim_phases(self, bare: BareJobs) -> dict[str, list[Load]]:
         s = self.scale
@@ -705,12 +718,12 @@ class Bench:
                 )
             with self.api_only() as started:
                 if started is not None:
-                    proc, alone = started
+                    proc, alone, claim = started
                     out["open_api_only"].append(
                         self.metered(
                             "claims through the API observing nothing",
                             functools.partial(
-                                open_loop, CLIENTS, CLAIM_RATE, s.open_s, claims_to(alone), alone
+                                open_loop, CLIENTS, CLAIM_RATE, s.open_s, claim, alone
                             ),
                             proc,
                         )
@@ -737,9 +750,9 @@ class Bench:
                 )
             with self.api_only() as started:
                 if started is not None:
-                    alone = started[1]
+                    _, alone, claim = started
                     out["closed_api_only"].append(
-                        closed_loop(CLIENTS, s.closed_s, cap, claims_to(alone), alone)
+                        closed_loop(CLIENTS, s.closed_s, cap, claim, alone)
                     )
         return out
 
@@ -830,9 +843,7 @@ def run(
         "follower": follower,
     }
     with child_processes() as procs:
-        # Claimed runners are never released here: the nodes must hold every
-        # phase's (up to 18,000 with the pool and the bare jobs at full scale).
-        sim_proc, sim = start_sim(procs, nodes=40, startup_delay_s=0.05, stop_delay_s=0.05)
+        sim_proc, sim = start_sim(procs, startup_delay_s=0.05, stop_delay_s=0.05)
         sim.json("POST", "/_bench/seed", {"env_id": ENV_ID, "runners": s.pool, "pool": s.pool})
         bare = BareJobs(sim, s.bare_jobs)
         BareJobs(sim, s.bare_jobs, FLOOR_PREFIX)
