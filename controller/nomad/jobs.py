@@ -444,6 +444,14 @@ def with_claim(spec: JsonDict, claim: Claim) -> JsonDict:
     return out
 
 
+def with_stop(spec: JsonDict) -> JsonDict:
+    """The runner spec stopped, and nothing else changed: an idle runner about
+    to be deleted (`Claims.retire`)."""
+    out = _clean_copy(spec)
+    out["Stop"] = True
+    return out
+
+
 def with_lost(spec: JsonDict, reason: LossReason, now_ns: int) -> JsonDict:
     """The runner spec stopped, with the reason its claim ended kept in meta so
     any controller (after a restart too) can tell the client."""

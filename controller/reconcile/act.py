@@ -7,6 +7,13 @@ meanwhile (and holds the RunnerGuard so no claim can start during it), an
 inactivity release skips a runner touched meanwhile (and from its decision
 on refuses touches), and ending a claim is a
 register with EnforceIndex, so it loses to any other change.
+
+The RunnerGuard and the snapshot only know this process's claims. Where
+other replicas hand runners out too (`shared`: leader election on), a claim
+one of them has just written may not show yet, so an idle runner that could
+be claimed is first stopped with EnforceIndex (`Claims.retire`): a claim
+written since makes that fail and the runner stays; once it has landed, a
+claim of it fails. Only then is it deregistered.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from controller.clock import Clock
 from controller.metrics import Metrics
-from controller.model import Template
+from controller.model import RunnerView, Template
 from controller.nomad import jobs
 from controller.nomad.gateway import IndexConflict, NomadAPIError, NomadGateway, NomadUnavailable
 from controller.reconcile.claims import Claims, RunnerGuard
@@ -33,6 +40,7 @@ from controller.reconcile.plan import (
     Plan,
 )
 from controller.reconcile.ratelimit import TokenBucket
+from controller.reconcile.snapshot import is_claimable
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +59,9 @@ class Actor:
         rate: TokenBucket,
         concurrency: int = 8,
         is_leader: Callable[[], bool] = lambda: True,
+        shared: bool = False,
     ) -> None:
+        """`shared`: other replicas may claim this controller's runners."""
         self._gateway = gateway
         self._observer = observer
         self._expectations = expectations
@@ -61,6 +71,7 @@ class Actor:
         self._metrics = metrics
         self._rate = rate
         self._is_leader = is_leader
+        self._shared = shared
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="nrc-write")
 
     def shutdown(self) -> None:
@@ -150,6 +161,12 @@ class Actor:
                 return True
             if not self._write_allowed():
                 return False
+            if self._shared and action.reason in IDLE_ONLY_REASONS and is_claimable(view):
+                retired = self._retire(view, action.reason)
+                if retired is not True:
+                    return retired is None
+                if not self._write_allowed():
+                    return False  # stopped: a later pass deletes it as dead
             self._expectations.expect_delete(env_id, runner_id)
             try:
                 result = self._gateway.deregister_job(runner_id, purge=True)
@@ -172,6 +189,25 @@ class Actor:
             return True
         finally:
             self._guard.end_delete(runner_id)
+
+    def _retire(self, view: RunnerView, reason: DeleteReason) -> bool | None:
+        """`Claims.retire` before an idle runner is deleted: True once it is
+        stopped; None when it changed since the plan (claimed through another
+        replica, say: nothing to retry, the next pass decides); False when
+        the write failed (the pass is retried)."""
+        try:
+            if not self._claims.retire(view):
+                return None
+        except IndexConflict:
+            self._record("retire", "conflict")
+            log.info("not deleting %s (%s): it changed meanwhile", view.id, reason)
+            return None
+        except (NomadUnavailable, NomadAPIError) as exc:
+            self._record("retire", "error")
+            log.warning("stopping runner %s before its deletion (%s): %s", view.id, reason, exc)
+            return False
+        self._record("retire", "ok")
+        return True
 
     def _end_claim(self, action: EndClaim) -> bool:
         if not self._write_allowed():

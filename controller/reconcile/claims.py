@@ -344,6 +344,21 @@ class Claims:
         )
         return True
 
+    def retire(self, view: RunnerView) -> bool:
+        """Stop an idle runner over the version `view` shows (EnforceIndex)
+        before it is deleted, where other replicas hand runners out too: a
+        claim one of them wrote since makes this fail (IndexConflict,
+        raised), and once this has landed their claims of it fail, or find
+        it stopped. A deregistration cannot be made conditional; this write
+        can. False when the spec held is not the one `view` shows (nothing
+        written; the next pass decides). Raises NomadUnavailable /
+        NomadAPIError when the write fails."""
+        spec = self._observer.spec(view.id)
+        if spec is None or jobs.modify_index(spec) != view.job.job_modify_index:
+            return False
+        self._writer.register(jobs.with_stop(spec), enforce_index=view.job.job_modify_index)
+        return True
+
     def record_loss(self, view: RunnerView) -> LossReason | None:
         """The loss of a claimed runner as Nomad records it, written now if the
         controller has derived a reset that no pass has written yet; None when

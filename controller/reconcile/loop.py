@@ -146,6 +146,7 @@ class Controller:
             rate=TokenBucket(s.write_rate_per_s, burst, self.clock),
             concurrency=s.write_concurrency,
             is_leader=self.is_leader,
+            shared=s.leader_election,
         )
         self.reconciler = PoolReconciler(
             observer=self.observer,

@@ -4,16 +4,18 @@ since the plan: a deletion for an idle-only reason skips a runner claimed
 meanwhile and holds the RunnerGuard so no claim starts during it, an
 inactivity release skips a runner touched meanwhile and refuses touches
 from its decision on, ending a claim loses to any other change; creations
-are expected until Nomad shows them, and a replica that is not leader
-writes nothing."""
+are expected until Nomad shows them, a replica that is not leader
+writes nothing, and where other replicas claim too, an idle runner is
+stopped over the version the pass saw before it is deleted."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from controller.model import LossReason, Template
+from controller.nomad import jobs
 from controller.nomad.gateway import IndexConflict, NomadAPIError, NomadUnavailable
 from controller.reconcile.claims import NoRunnerAvailable
 from controller.reconcile.expectations import Pending
@@ -319,3 +321,93 @@ def test_a_replica_that_is_not_leader_writes_nothing(pool: Pool) -> None:
     assert execute(pool, *plan) == 4, "every write failed: the pass is retried"
     assert pool.nomad.writes == writes_before
     assert pool.expectations.pending(ENV.id) == Pending(creating=0, deleting=frozenset())
+
+
+# -- replicas that claim too ----------------------------------------------------------------
+
+
+@pytest.fixture
+def leader() -> Iterator[Pool]:
+    """A leader whose runners other replicas claim too (the Actor's `shared`)."""
+    p = Pool(shared=True)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def other_replica(leader: Pool) -> Pool:
+    """Another replica over the same Nomad, which has observed it."""
+    other = Pool(leader.nomad)
+    other.refresh()
+    return other
+
+
+def test_an_idle_runner_another_replica_just_claimed_is_not_deleted(leader: Pool) -> None:
+    """The leader's snapshot does not show the other replica's claim yet;
+    its surplus deletion stops the runner over the version it knows, which
+    fails against the claim, and deletes nothing."""
+    runner_id, _ = leader.ready_runners(2)
+    other = other_replica(leader)
+    try:
+        assert other.claim(60).id == runner_id
+    finally:
+        other.close()
+    assert not leader.view(runner_id).claimed, "the claim does not show here yet"
+
+    assert execute(leader, DeleteRunner(runner_id, DeleteReason.SURPLUS)) == 0
+
+    assert leader.nomad.deregistered() == []
+    claim = jobs.runner_from_job(leader.nomad.specs[runner_id], ENV.id).claim
+    assert claim is not None and not leader.nomad.specs[runner_id].get("Stop")
+    assert writes(leader, "retire", "conflict") == 1
+    assert writes(leader, "delete", "ok") == 0
+
+
+def test_an_idle_runner_is_stopped_before_it_is_deleted_so_no_replica_claims_it(
+    leader: Pool,
+) -> None:
+    """Once the stop has landed, another replica that still sees the runner
+    idle cannot claim it: its write is over the version before the stop."""
+    runner_id, other_id = leader.ready_runners(2)
+    other = other_replica(leader)
+    handed: list[str] = []
+    stopped: list[bool] = []
+
+    def claim_meanwhile(job_id: str) -> None:
+        stopped.append(bool(leader.nomad.specs[job_id].get("Stop")))
+        handed.append(other.claim(60).id)
+
+    leader.nomad.before_deregister = claim_meanwhile
+    try:
+        assert execute(leader, DeleteRunner(runner_id, DeleteReason.SURPLUS)) == 0
+    finally:
+        other.close()
+
+    assert stopped == [True]
+    assert leader.nomad.deregistered() == [runner_id]
+    assert handed == [other_id]
+    assert writes(leader, "retire", "ok") == 1
+    assert writes(leader, "delete", "ok") == 1
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_runner_that_cannot_be_claimed_is_deleted_with_one_write(shared: bool) -> None:
+    """Only a runner some replica could claim is stopped first: one that is
+    not ready (here, its allocation failed) is deleted at once, and without
+    other replicas every deletion is one write."""
+    pool = Pool(shared=shared)
+    try:
+        pool.environment()
+        failed = pool.add_runner(status="failed")
+        ready = pool.add_runner()
+        pool.refresh()
+        execute(
+            pool,
+            DeleteRunner(failed, DeleteReason.DEAD),
+            DeleteRunner(ready, DeleteReason.SURPLUS),
+        )
+        assert sorted(pool.nomad.deregistered()) == sorted([failed, ready])
+        assert writes(pool, "retire", "ok") == (1 if shared else 0)
+    finally:
+        pool.close()

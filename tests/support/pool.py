@@ -43,8 +43,9 @@ class Pool:
     """`serving` and `leading` stand for the Controller's `ready` and
     `is_leader`; `changed` records the environments Claims asked a pass for."""
 
-    def __init__(self, nomad: FakeNomad | None = None) -> None:
+    def __init__(self, nomad: FakeNomad | None = None, shared: bool = False) -> None:
         self.nomad = nomad if nomad is not None else FakeNomad(ManualClock())
+        self.shared = shared  # other replicas claim too (the Actor's `shared`)
         assert isinstance(self.nomad.clock, ManualClock)
         self.clock: ManualClock = self.nomad.clock
         self.serving = True
@@ -89,6 +90,7 @@ class Pool:
             rate=TokenBucket(0, 1, self.clock),  # unlimited
             concurrency=2,
             is_leader=lambda: self.leading,
+            shared=self.shared,
         )
 
     def restart(self) -> None:
