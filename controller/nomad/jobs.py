@@ -455,7 +455,6 @@ def with_stop(spec: JsonDict) -> JsonDict:
 def with_lost(spec: JsonDict, reason: LossReason, now_ns: int) -> JsonDict:
     """The runner spec stopped, with the reason its claim ended kept in meta so
     any controller (after a restart too) can tell the client."""
-    out = _clean_copy(spec)
-    out["Stop"] = True
+    out = with_stop(spec)
     _set_meta(out, {META_LOST_REASON: reason.value, META_LOST_AT: str(now_ns)})
     return out
