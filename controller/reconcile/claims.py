@@ -329,11 +329,11 @@ class Claims:
         `job_modify_index`; False when it changed since (nothing written).
         Raises IndexConflict when Nomad has a newer version than we know, and
         NomadUnavailable / NomadAPIError when the write fails."""
-        spec = self._observer.spec(runner_id)
-        if spec is None or jobs.modify_index(spec) != job_modify_index:
+        now = self._clock.now_ns()
+        if not self._rewrite(
+            runner_id, job_modify_index, lambda spec: jobs.with_lost(spec, reason, now)
+        ):
             return False
-        new = jobs.with_lost(spec, reason, self._clock.now_ns())
-        self._writer.register(new, enforce_index=job_modify_index)
         self._metrics.runner_losses.labels(reason.value).inc()
         # One line per loss, a warning: the client is told, nothing to fix here.
         log.warning(
@@ -353,10 +353,18 @@ class Claims:
         can. False when the spec held is not the one `view` shows (nothing
         written; the next pass decides). Raises NomadUnavailable /
         NomadAPIError when the write fails."""
-        spec = self._observer.spec(view.id)
-        if spec is None or jobs.modify_index(spec) != view.job.job_modify_index:
+        return self._rewrite(view.id, view.job.job_modify_index, jobs.with_stop)
+
+    def _rewrite(
+        self, runner_id: str, job_modify_index: int, change: Callable[[JsonDict], JsonDict]
+    ) -> bool:
+        """Register `change` of the runner's spec over `job_modify_index`
+        (EnforceIndex) if that is the version we hold; False, with nothing
+        written, when it is not. Raises as the register does."""
+        spec = self._observer.spec(runner_id)
+        if spec is None or jobs.modify_index(spec) != job_modify_index:
             return False
-        self._writer.register(jobs.with_stop(spec), enforce_index=view.job.job_modify_index)
+        self._writer.register(change(spec), enforce_index=job_modify_index)
         return True
 
     def record_loss(self, view: RunnerView) -> LossReason | None:
