@@ -509,9 +509,17 @@ def forks_per_run(run_once: Callable[[], object], n: int) -> dict[str, Any]:
     }
 
 
-def claims_to(http: Http) -> Action:
-    """Claims sent to `http` (the controller or a floor process)."""
-    return lambda k, i: http.request("POST", "/api/v1/runners", CLAIM)[0] == 200
+def claims_to(http: Http, taken: list[str] | None = None) -> Action:
+    """Claims sent to `http` (the controller or a floor process); the runner
+    ids handed out are appended to `taken`, when given."""
+
+    def claim(k: int, i: int) -> bool:
+        status, body = http.request("POST", "/api/v1/runners", CLAIM)
+        if status == 200 and taken is not None:
+            taken.append(json.loads(body)["runnerId"])
+        return status == 200
+
+    return claim
 
 
 # -- the run ---------------------------------------------------------------------------
@@ -651,15 +659,8 @@ class Bench:
             tree=self.tree,
         )
         taken: list[str] = []
-
-        def claim(k: int, i: int) -> bool:
-            status, body = api.request("POST", "/api/v1/runners", CLAIM)
-            if status == 200:
-                taken.append(json.loads(body)["runnerId"])
-            return status == 200
-
         try:
-            yield (proc, api, claim) if role(proc) == "follower" else None
+            yield (proc, api, claims_to(api, taken)) if role(proc) == "follower" else None
         finally:
             proc.stop()
             for runner in taken:
