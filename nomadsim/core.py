@@ -28,7 +28,6 @@ from nomadsim.errors import NomadError
 from nomadsim.events import EventBroker
 from nomadsim.frontends import Frontends
 from nomadsim.job_endpoint import JobEndpoint
-from nomadsim.network import AgentNetwork, Unplugged
 from nomadsim.node_endpoint import NodeEndpoint
 from nomadsim.ports import Ports
 from nomadsim.presenter import Presenter
@@ -57,8 +56,6 @@ class Simulator:
         # The agents in front of this state (their addresses are bound by
         # the server before `start`).
         self.frontends = Frontends(self.config)
-        # Their sockets, as restarts see them (the server plugs in its own).
-        self.network: AgentNetwork = Unplugged()
 
         store = self.store = StateStore(self.clock.monotonic)
         self.ports = Ports()
