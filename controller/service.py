@@ -42,6 +42,7 @@ from controller.model import Environment
 from controller.nomad.aclient import AsyncJobWriter
 from controller.nomad.budget import AgentSlots
 from controller.nomad.client import NomadClient
+from controller.nomad.errors import CLAIM_RIDE_THROUGH_S
 from controller.nomad.exec import ExecClient
 from controller.nomad.nodes import NodeDirectory
 from controller.nomad.stream import EventStream
@@ -126,6 +127,8 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
         AsyncJobWriter(
             connection,
             timeout_s=settings.nomad_timeout_s,
+            # A claim rides through a leader election rather than failing a run.
+            ride_through_s=CLAIM_RIDE_THROUGH_S,
             on_request=metrics.record_request,
             connections=claim_pool,
         )

@@ -51,6 +51,7 @@ class AsyncJobWriter:
         timeout_s: float = 10.0,
         retry_attempts: int = 5,
         retry_max_wait_s: float = 2.0,
+        ride_through_s: float = 0.0,
         on_request: RequestHook | None = None,
         connections: int = CONNECTIONS,
     ) -> None:
@@ -59,7 +60,9 @@ class AsyncJobWriter:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._on_request = on_request
         self._connections = max(1, connections)
-        self._retry = retry_kwargs(retry_attempts, retry_max_wait_s, before_sleep=_log_retry)
+        self._retry = retry_kwargs(
+            retry_attempts, retry_max_wait_s, before_sleep=_log_retry, ride_through_s=ride_through_s
+        )
         self._params = {"namespace": connection.namespace}
         if connection.region:
             self._params["region"] = connection.region

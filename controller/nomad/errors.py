@@ -243,15 +243,32 @@ def backoff(first_s: float, cap_s: float) -> tenacity.wait.wait_base:
     return tenacity.wait_random_exponential(multiplier=min(first_s, cap_s), max=cap_s)
 
 
+# How long a claim's write rides through transient errors before the claim
+# fails. A leader election takes 2-5 s (Raft's election timeout and Nomad's
+# defaults), during which every server first holds a request up to 5 s for a
+# leader and then answers 500 `No cluster leader` (nomad/rpc.go, v1.6.2);
+# Nomad's own agents retry that for 5 s. A claim waits a little longer than
+# the hold so that an election of up to 5 s fails no claim; CodeOcean sets no
+# read timeout on the claim, and an answer after 6 s beats a failed run.
+CLAIM_RIDE_THROUGH_S = 6.0
+
+
 def retry_kwargs(
     attempts: int,
     max_wait_s: float,
     before_sleep: Callable[[tenacity.RetryCallState], Any] | None = None,
+    ride_through_s: float = 0.0,
 ) -> dict[str, Any]:
     """tenacity's arguments for a call to Nomad: `attempts` tries, backoff
-    up to `max_wait_s`, transient errors only, the last error re-raised."""
+    up to `max_wait_s`, transient errors only, the last error re-raised.
+    With `ride_through_s`, transient errors are retried until that long has
+    passed too (whichever of the two ends later): an outage as long as an
+    election outlasts any number of quick attempts."""
+    stop: tenacity.stop.stop_base = tenacity.stop_after_attempt(max(1, attempts))
+    if ride_through_s > 0:
+        stop = tenacity.stop_all(stop, tenacity.stop_after_delay(ride_through_s))
     return {
-        "stop": tenacity.stop_after_attempt(max(1, attempts)),
+        "stop": stop,
         "wait": backoff(FIRST_RETRY_WAIT_S, max_wait_s),
         "retry": tenacity.retry_if_exception(is_transient_error),
         "before_sleep": before_sleep,

@@ -5,6 +5,8 @@ as NomadClient.register_job, through a client agent as in production."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -172,3 +174,49 @@ def test_mutual_tls_token_namespace_and_region_as_configured(tmp_path: Path) -> 
     assert request_line.startswith("PUT /v1/jobs?")
     assert "namespace=students" in request_line and "region=eu" in request_line
     assert "X-Nomad-Token: secret" in lines
+
+
+def test_a_write_rides_through_a_leader_election(make_sim: Callable[..., SimServer]) -> None:
+    """Every request answered 500 `No cluster leader` for 1.5 s, as after a
+    leader restart: with a ride-through of 3 s the register lands once a
+    leader is back, where five quick attempts alone give up within 0.7 s."""
+    server: SimServer = make_sim(servers=3, entry="client")
+    outcomes = Outcomes()
+    w = writer(server.address, outcomes, retry_max_wait_s=0.2, ride_through_s=3.0)
+    server.sim.faults.update({"http_error_rate": 1.0})
+    elected = threading.Timer(1.5, server.sim.faults.update, args=({"http_error_rate": 0.0},))
+
+    async def run() -> int:
+        try:
+            return (await w.register_job(runner_job("1-g"), enforce_index=0)).job_modify_index
+        finally:
+            await w.aclose()
+
+    elected.start()
+    try:
+        assert asyncio.run(run()) > 0
+    finally:
+        elected.cancel()
+    seen = outcomes.of("register_job")
+    assert seen[-1] == ("ok", "200")
+    assert len(seen) > 5 and set(seen[:-1]) == {("error", "500")}
+
+
+def test_a_ride_through_ends_within_its_bound(make_sim: Callable[..., SimServer]) -> None:
+    """No leader for good: the write gives up once the ride-through has
+    passed (plus at most one backoff and one answer), with Nomad's error."""
+    server: SimServer = make_sim(servers=3, entry="client")
+    w = writer(server.address, retry_max_wait_s=0.2, ride_through_s=1.0)
+    server.sim.faults.update({"http_error_rate": 1.0})
+
+    async def run() -> float:
+        started = time.monotonic()
+        try:
+            with pytest.raises(NomadAPIError, match="No cluster leader"):
+                await w.register_job(runner_job("1-h"), enforce_index=0)
+            return time.monotonic() - started
+        finally:
+            await w.aclose()
+
+    took = asyncio.run(run())
+    assert 1.0 <= took < 2.0
