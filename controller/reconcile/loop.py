@@ -296,7 +296,12 @@ class Controller:
                 snap = self.observer.refresh()
                 self.claims.prune(frozenset(snap.runners))
                 if self._stream is None and self._stream_factory is not None:
-                    start = max(snap.jobs_index, snap.allocs_index) + 1
+                    # After the older list: the two may come from views of
+                    # different ages (a lagging follower), and an event
+                    # between them would otherwise never be heard (chaos
+                    # seed 8183: an environment unknown until a full re-list).
+                    # Events are hints: one heard twice costs a read.
+                    start = min(snap.jobs_index, snap.allocs_index) + 1
                     stream = self._stream_factory(self._on_events, self._on_stream, start)
                     # Started before stop() can see it, and stopped here when
                     # stop() came meanwhile: stop() never meets a half-made stream.
