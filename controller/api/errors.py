@@ -7,7 +7,9 @@
   `controller.dataplane.answers` (`from_answer`).
 - Controller and Nomad exceptions map to Poseidon's codes: `NotLeader` → 503
   NOT_LEADER, `NomadUnavailable` → 500 NOMAD_UNREACHABLE, `NomadAPIError` →
-  500 NOMAD_INTERNAL_SERVER_ERROR.
+  500 NOMAD_INTERNAL_SERVER_ERROR; `TemplateUnread` (an environment whose
+  template job is listed but not yet readable) → 500 NOMAD_UNREACHABLE, never
+  404, which CodeOcean answers by putting the environment again.
 - The rule every answer follows: messages are ours. Nomad's own text (which
   can name internal addresses or policies) is logged with the request or the
   runner, never answered; a file operation's 409/424/500 carries what the
@@ -36,7 +38,7 @@ from controller.api.models import Error, ErrorCode
 from controller.dataplane.answers import Answer
 from controller.dataplane.runners import Unusable
 from controller.nomad.gateway import NomadAPIError, NomadUnavailable
-from controller.reconcile.claims import NotLeader
+from controller.reconcile.claims import NotLeader, TemplateUnread
 from controller.reconcile.facade import Pools
 
 log = logging.getLogger(__name__)
@@ -125,6 +127,21 @@ def install(app: FastAPI, controller: Pools) -> None:
         log.warning("%s %s: Nomad unreachable: %s", request.method, request.url.path, exc)
         return error_response(500, "Nomad is unreachable", ErrorCode.NOMAD_UNREACHABLE)
 
+    async def template_unread(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, TemplateUnread)
+        log.warning(
+            "%s %s: the template of environment %d is not readable yet",
+            request.method,
+            request.url.path,
+            exc.env_id,
+        )
+        return error_response(
+            500,
+            f"execution environment {exc.env_id} exists, but Nomad did not answer the read "
+            "of its template yet; retry later",
+            ErrorCode.NOMAD_UNREACHABLE,
+        )
+
     async def nomad_api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, NomadAPIError)
         log.warning("%s %s: %s", request.method, request.url.path, exc)
@@ -155,6 +172,7 @@ def install(app: FastAPI, controller: Pools) -> None:
     app.add_exception_handler(NotLeader, not_leader)
     app.add_exception_handler(NomadUnavailable, nomad_unavailable)
     app.add_exception_handler(NomadAPIError, nomad_api_error)
+    app.add_exception_handler(TemplateUnread, template_unread)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
 

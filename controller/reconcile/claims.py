@@ -74,6 +74,15 @@ class UnknownEnvironment(Exception):
     """No template job exists for the environment."""
 
 
+class TemplateUnread(Exception):
+    """The environment's template job is listed, but its spec could not be
+    read from Nomad yet (no leader): it exists, its pool is not known."""
+
+    def __init__(self, env_id: int) -> None:
+        super().__init__(env_id)
+        self.env_id = env_id
+
+
 class NotLeader(Exception):
     """This replica does not serve claims: leader election is on and it does not
     hold the lock, or it has not observed Nomad since it took the lock."""
@@ -210,8 +219,11 @@ class Claims:
         if not self._can_serve():
             raise NotLeader
         started = self._clock.monotonic()
-        template = self._observer.snapshot.templates.get(env_id)
+        snap = self._observer.snapshot
+        template = snap.templates.get(env_id)
         if template is None:
+            if env_id in snap.unread_templates:
+                raise TemplateUnread(env_id)
             raise UnknownEnvironment(env_id)
         return template, started
 

@@ -19,7 +19,7 @@ from controller.model import Allocation, Environment, LossReason, RunnerView
 from controller.nomad import jobs
 from controller.nomad.gateway import NomadGateway
 from controller.prewarm.policy import Decision, ceiling_for
-from controller.reconcile.claims import Claims, NotLeader
+from controller.reconcile.claims import Claims, NotLeader, TemplateUnread
 from controller.reconcile.observe import Observer
 from controller.reconcile.plan import PoolCounts, count_pool
 from controller.reconcile.prewarming import Prewarmer
@@ -117,7 +117,13 @@ class Pools:
         return [snap.templates[e].env for e in sorted(snap.templates)]
 
     def environment(self, env_id: int) -> Environment | None:
-        template = self._observer.snapshot.templates.get(env_id)
+        """The environment; None when it does not exist. Raises
+        `TemplateUnread` when its template job is listed but its spec could
+        not be read yet (Nomad without a leader)."""
+        snap = self._observer.snapshot
+        template = snap.templates.get(env_id)
+        if template is None and env_id in snap.unread_templates:
+            raise TemplateUnread(env_id)
         return template.env if template else None
 
     def pool_counts(self, env_id: int) -> PoolCounts:
@@ -155,7 +161,7 @@ class Pools:
         serves, may write it (the leader's next pass builds the pool)."""
         if not (self.is_leader() or self.ready()):
             raise NotLeader
-        created = self._known().templates.get(env.id) is None
+        created = not self._known().exists(env.id)
         self._writer.register(jobs.template_job(env, self.template))
         self._enqueue(env.id)
         return created
@@ -164,7 +170,9 @@ class Pools:
         """Delete the template; idle runners go at once, claimed ones when released."""
         if not (self.is_leader() or self.ready()):
             raise NotLeader
-        if self._known().templates.get(env_id) is None:
+        # A template listed but not readable yet exists all the same: its
+        # job is deregistered by id, no spec needed.
+        if not self._known().exists(env_id):
             return False
         self._gateway.deregister_job(jobs.template_job_id(env_id), purge=True)
         self._observer.forget(jobs.template_job_id(env_id))

@@ -150,6 +150,7 @@ class JobReader:
         allocs: dict[str, tuple[Allocation, ...]] = {}
         gone_templates: list[int] = []
         gone_runners: list[str] = []
+        unread_templates: list[int] = []
         for job_id in ids:
             stub = stubs.get(job_id)
             if stub is None:
@@ -167,7 +168,9 @@ class JobReader:
                 templates[view.env.id] = view
             elif view is not None:
                 runners[job_id] = view
-        read = Read(templates, runners, allocs, gone_templates, gone_runners)
+            elif (env_id := jobs.template_env_id(job_id)) is not None:
+                unread_templates.append(env_id)
+        read = Read(templates, runners, allocs, gone_templates, gone_runners, unread_templates)
         return JobsRead(read, specs, unreadable, vanished)
 
     def _derive(

@@ -43,6 +43,13 @@ class Snapshot:
     safe: bool = True  # no runner's spec was unreadable: deletions may be planned
     by_env: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     ready: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    # Environments whose template job is listed but whose spec could not be
+    # read yet (Nomad without a leader): they exist, though not in `templates`.
+    unread_templates: frozenset[int] = frozenset()
+
+    def exists(self, env_id: int) -> bool:
+        """The environment's template job is listed (read or not)."""
+        return env_id in self.templates or env_id in self.unread_templates
 
     def env_ids(self) -> set[int]:
         return set(self.templates) | set(self.by_env)
@@ -151,15 +158,19 @@ def update_ready(
 
 
 def with_template(snap: Snapshot, template: Template) -> Snapshot:
-    return replace(snap, templates={**snap.templates, template.env.id: template})
+    return replace(
+        snap,
+        templates={**snap.templates, template.env.id: template},
+        unread_templates=snap.unread_templates - {template.env.id},
+    )
 
 
 def without_template(snap: Snapshot, env_id: int) -> Snapshot:
-    if env_id not in snap.templates:
+    if not snap.exists(env_id):
         return snap
     templates = dict(snap.templates)
-    del templates[env_id]
-    return replace(snap, templates=templates)
+    templates.pop(env_id, None)
+    return replace(snap, templates=templates, unread_templates=snap.unread_templates - {env_id})
 
 
 def with_runner(snap: Snapshot, view: RunnerView) -> Snapshot:
@@ -195,6 +206,7 @@ class Read:
     allocs: Mapping[str, tuple[Allocation, ...]]
     gone_templates: Iterable[int] = ()
     gone_runners: Iterable[str] = ()
+    unread_templates: Iterable[int] = ()  # listed, spec not readable
 
 
 def rebuilt(
@@ -212,6 +224,7 @@ def rebuilt(
         safe=safe,
         by_env=index_by_env(read.runners),
         ready=index_ready(read.runners),
+        unread_templates=frozenset(read.unread_templates) - read.templates.keys(),
     )
 
 
@@ -264,4 +277,9 @@ def merged(
         safe=safe,
         by_env=update_by_env(base.by_env, added, removed) if added or removed else base.by_env,
         ready=update_ready(base.ready, base.runners, after, changed),
+        unread_templates=(
+            (base.unread_templates | frozenset(read.unread_templates))
+            - templates.keys()
+            - frozenset(read.gone_templates)
+        ),
     )
