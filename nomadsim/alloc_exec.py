@@ -54,6 +54,7 @@ from nomadsim import gojson
 from nomadsim.core import Simulator
 from nomadsim.driver import Execution
 from nomadsim.errors import NomadError
+from nomadsim.restarts import until_cut
 from nomadsim.topology import Kind
 
 EXEC_ROUTE = "/v1/client/allocation/{alloc_id}/exec"
@@ -402,8 +403,10 @@ def exec_endpoint(sim: Simulator) -> Callable[[WebSocket], Awaitable[None]]:
         server = hop.stream_to
         if server is not None and not sim.frontends.rpc.open_stream(server, agent.ip):
             return  # no close frame: the connection drops
+        remote = None
         try:
             try:
+                remote = sim.restarts.track_exec(_node_id(sim, alloc_id))
                 execution = sim.alloc_endpoint.exec(
                     alloc_id, args.task, args.command, args.tty, token
                 )
@@ -413,15 +416,26 @@ def exec_endpoint(sim: Simulator) -> Callable[[WebSocket], Awaitable[None]]:
             served: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             sim.exec_streams.add(served)
             try:
-                await bridge(websocket, execution)
+                if await until_cut(remote, lambda: bridge(websocket, execution)):
+                    # The node's agent restarted: a hop behind this one read
+                    # EOF, and the exec ends as finished but with no exit
+                    # frame; the command runs on in its container.
+                    execution.detach()
+                    await close(websocket, 1000, "")
             finally:
                 sim.exec_streams.discard(served)
                 served.set_result(None)
         finally:
+            sim.restarts.forget(remote)
             if server is not None:
                 sim.frontends.rpc.close_stream(server, agent.ip)
 
     return endpoint
+
+
+def _node_id(sim: Simulator, alloc_id: str) -> str | None:
+    alloc = sim.store.allocs.get(alloc_id)
+    return alloc.node_id if alloc is not None else None
 
 
 def _node_name(sim: Simulator, alloc_id: str) -> str | None:

@@ -77,6 +77,9 @@ class Client:
         self._sync_timer: asyncio.TimerHandle | None = None
         # Told of every change as it happens on the node (the driver).
         self.on_local: Callable[[str, Alloc], None] = lambda alloc_id, alloc: None
+        # Nodes whose agent is down (restarts.py): what the servers decide
+        # for them waits, and their reports wait, until it is back.
+        self._agents_down: set[str] = set()
 
     # -- watching the state store -------------------------------------------------
 
@@ -116,8 +119,45 @@ class Client:
         return [t["Name"] for t in group.get("Tasks") or []]
 
     def _node_up(self, alloc: Alloc) -> bool:
+        if alloc.node_id in self._agents_down:
+            return False
         node = self._store.nodes.get(alloc.node_id)
         return node is not None and node.status == "ready"
+
+    def agent_down(self, node_id: str) -> None:
+        """The node's agent stopped: its timers stop with it (the tasks it
+        started run on in Docker)."""
+        self._agents_down.add(node_id)
+        for alloc in self._store.node_allocs(node_id):
+            self._forget(alloc.id)
+
+    def agent_up(self, node_id: str) -> None:
+        """The node's agent is back and has its allocations from the servers
+        again: it sends what it lived meanwhile, kills what the servers
+        stopped and starts what they placed."""
+        self._agents_down.discard(node_id)
+        self._sync()
+        for alloc in self._store.node_allocs(node_id):
+            view = self.view(alloc.id)
+            if view is None or view.client_terminal():
+                continue
+            if view.desired_status == "stop":
+                self._on_stop(view)
+            elif view.client_status == PENDING:
+                self._resume_pending(view)
+
+    def _resume_pending(self, alloc: Alloc) -> None:
+        """Go on with an allocation the agent left pending: placed and not
+        yet received, waiting out a restart delay, or being set up."""
+        events = [e for _, ts in alloc.task_states for e in ts.events]
+        alloc_id = alloc.id
+        if not events:
+            self._on_placed(alloc)
+        elif events[-1].type == "Restarting":
+            self._later(alloc_id, 0, lambda: self._restart(alloc_id))
+        else:
+            delay_s = self._config.startup_delay_ms / 1000
+            self._later(alloc_id, delay_s, lambda: self._start(alloc_id))
 
     def view(self, alloc_id: str) -> Alloc | None:
         """The allocation as its node knows it: the server's, with the client's
@@ -146,6 +186,9 @@ class Client:
         batch, self._unsynced = self._unsynced, {}
         for alloc_id, pending in batch.items():
             current = self._store.allocs.get(alloc_id)
+            if current is not None and current.node_id in self._agents_down:
+                self._unsynced[alloc_id] = pending  # sent once the agent is back
+                continue
             if current is None or not self._node_up(current):
                 continue
             self._server.update_alloc(_with_client_state(current, pending))

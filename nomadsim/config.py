@@ -30,6 +30,11 @@ class SimConfig:
     # any known token; exec needs `alloc-exec`.
     acl_tokens: dict[str, tuple[str, ...]] = field(default_factory=dict)
     heartbeat_interval_ms: float = 30_000.0
+    # How long the servers wait for a node's heartbeat before they mark it
+    # down: its TTL plus heartbeat_grace, 20-30 s with up to 100 clients
+    # (nomad/heartbeat.go). An agent kept down longer (restarts.py) loses its
+    # node's allocations.
+    heartbeat_ttl_ms: float = 25_000.0
     event_buffer_size: int = 100
     # Production ordering: how long after the replacement runs the old one completes.
     migration_stop_lag_ms: float = 30.0

@@ -32,6 +32,7 @@ from nomadsim.node_endpoint import NodeEndpoint
 from nomadsim.ports import Ports
 from nomadsim.presenter import Presenter
 from nomadsim.records import JsonDict
+from nomadsim.restarts import Restarts
 from nomadsim.scheduler import Scheduler
 from nomadsim.state import StateStore
 from nomadsim.variables import Variables
@@ -91,6 +92,9 @@ class Simulator:
         self.driver.client_view = self.client.view
         store.watch(self.client.on_commit)
         self.variables = Variables(store, self.time, self.new_id)
+        self.restarts = Restarts(
+            store, self.time, self.config, self.node_endpoint, self.client, self.driver
+        )
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -116,6 +120,7 @@ class Simulator:
         accepts connections until uvicorn notices it should exit). Every
         process exec started is killed, its exec stream ended. Idempotent."""
         self.stopped = True
+        self.restarts.stop()
         self.broker.close_all()
         self.store.wake_all()
         self.time.timers.cancel_all()

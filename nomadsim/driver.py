@@ -744,6 +744,9 @@ class Driver:
         self._root_lock = threading.Lock()
         # allocation -> StartedAt of the run its tasks are in, while they run
         self._runs: dict[str, int] = {}
+        # Nodes whose agent is down: Docker runs their containers on, whatever
+        # the servers decide meanwhile, until the agent is back (`release`).
+        self._held: set[str] = set()
         # The allocation as its node knows it (the client's view, set by the
         # simulator): a task's container follows the node, not the servers.
         self.client_view: Callable[[str], Alloc | None] = self._store.allocs.get
@@ -834,12 +837,15 @@ class Driver:
         for change in commit.changes:
             if change.table == ALLOCS:
                 after = change.after
+                if after is not None and after.node_id in self._held:
+                    continue
                 # The node's own view when it lived a change not yet reported.
                 self._alloc_changed(change.key, after and self.client_view(change.key))
             elif (
                 change.table == NODES
                 and change.after is not None
-                and change.after.status != "ready"
+                and change.after.status == "down"
+                and change.key not in self._held
                 and self._runs
             ):
                 # A node that stopped heartbeating: its containers are gone.
@@ -851,6 +857,18 @@ class Driver:
         """A change on the node, before its client reports it to the servers."""
         self._alloc_changed(alloc_id, alloc)
 
+    def hold(self, node_id: str) -> None:
+        """The node's agent went away: its containers run on as they are."""
+        self._held.add(node_id)
+
+    def release(self, node_id: str) -> None:
+        """The node's agent is back: what ended meanwhile (its allocations
+        lost while the node was down) is killed now."""
+        self._held.discard(node_id)
+        on_node = self._store.allocs_by_node.get(node_id, set())
+        for alloc_id in [a for a in self._runs if a in on_node]:
+            self._alloc_changed(alloc_id, self.client_view(alloc_id))
+
     def _run_of(self, alloc: Alloc | None) -> int | None:
         """StartedAt of the run the allocation's tasks are in, None when they
         do not run (the simulator's client moves all tasks of a group together)."""
@@ -860,7 +878,8 @@ class Driver:
         if state.state != RUNNING:
             return None
         node = self._store.nodes.get(alloc.node_id)
-        if node is None or node.status != "ready":
+        # A node re-registering after its agent restarted keeps its containers.
+        if node is None or node.status not in ("ready", "initializing"):
             return None
         return state.started_at
 

@@ -747,6 +747,30 @@ async def sim_node_up(request: Request, sim: Simulator) -> Response:
     return json_response({"Index": sim.store.index})
 
 
+def _seconds(request: Request, name: str, default: float) -> float:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise NomadError(400, f"{name} must be a number of seconds; found: {raw!r}") from None
+    if not 0 <= value <= 3600:
+        raise NomadError(400, f"{name} must be between 0 and 3600 seconds; found: {raw}")
+    return value
+
+
+async def sim_agent_restart(request: Request, sim: Simulator) -> Response:
+    down_s = _seconds(request, "down", 2.0)
+    node = sim.restarts.agent(request.path_params["node_id"], down_s)
+    return json_response({"Node": node.id, "Name": node.name, "DownSeconds": down_s})
+
+
+async def sim_docker_restart(request: Request, sim: Simulator) -> Response:
+    killed = sim.restarts.docker(request.path_params["node_id"])
+    return json_response({"Index": sim.store.index, "Killed": killed})
+
+
 # -- wiring ---------------------------------------------------------------------------
 
 
@@ -844,6 +868,8 @@ def routes(sim: Simulator) -> list[BaseRoute]:
         ("/_sim/allocation/{alloc_id}/crash", sim_alloc_crash, ["POST"]),
         ("/_sim/node/{node_id}/down", sim_node_down, ["POST"]),
         ("/_sim/node/{node_id}/up", sim_node_up, ["POST"]),
+        ("/_sim/node/{node_id}/agent-restart", sim_agent_restart, ["POST"]),
+        ("/_sim/node/{node_id}/docker-restart", sim_docker_restart, ["POST"]),
     ]
     wrapped: list[BaseRoute] = [
         Route(path, _wrap(sim, path, handler), methods=methods) for path, handler, methods in table

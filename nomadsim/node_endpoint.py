@@ -160,6 +160,22 @@ class NodeEndpoint:
         for ev in evals:
             self._scheduler.enqueue(ev.id)
 
+    def reregister(self, node_id: str) -> None:
+        """The node's agent started again: it registers (`initializing`), then
+        its first heartbeat makes it `ready` (client/client.go `registerNode`,
+        `updateNodeStatus`). Neither status taints its allocations."""
+        node = self.get(node_id)
+        with self._store.txn("NodeRegister") as tx:
+            tx.put_node(
+                replace(
+                    node,
+                    status="initializing",
+                    modify_index=tx.index,
+                    status_updated_at=self._time.now_ns() // 1_000_000_000,
+                )
+            )
+        self.set_status(node_id, "ready")
+
     def update_alloc(self, alloc: Alloc) -> Alloc:
         """A client's report on its allocation, committed as an
         AllocClientUpdate. A report of failure evaluates the job

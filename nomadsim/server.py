@@ -116,6 +116,50 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
+class _Listeners:
+    """The agents' listening sockets as restarts close and reopen them
+    (restarts.py), on the simulator's loop: a closed listener refuses
+    connects, and the connections it accepted are reset, as when the agent's
+    process exits."""
+
+    def __init__(self, owner: SimServer) -> None:
+        self._owner = owner
+
+    def _port(self, agent: str) -> int:
+        return int(self._owner.addresses[agent].rsplit(":", 1)[1])
+
+    def close(self, agent: str) -> None:
+        port = self._port(agent)
+        uv = self._owner._server
+        for served in getattr(uv, "servers", []):
+            if any(int(sock.getsockname()[1]) == port for sock in served.sockets or ()):
+                served.close()
+        for connection in list(uv.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            if transport is None:
+                continue
+            local = transport.get_extra_info("sockname")
+            if isinstance(local, tuple) and int(local[1]) == port:
+                transport.abort()
+
+    async def open(self, agent: str) -> None:
+        port = self._port(agent)
+        owner = self._owner
+        uv = owner._server
+        sock = _listen(owner.host, port)
+        owner._sockets.append(sock)
+        config = uv.config
+
+        def protocol() -> asyncio.Protocol:
+            made: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=uv.server_state, app_state=uv.lifespan.state
+            )
+            return made
+
+        served = await asyncio.get_running_loop().create_server(protocol, sock=sock)
+        uv.servers.append(served)
+
+
 class SimServer:
     """A simulated cluster whose agents listen on `host`: the entry agent on
     `port` (0 picks a free port), every other agent on a free port."""
@@ -148,6 +192,7 @@ class SimServer:
             timeout_graceful_shutdown=2,
         )
         self._server = _Server(uv_config, self.sim)
+        self.sim.restarts.listeners = _Listeners(self)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.host = host
