@@ -143,7 +143,7 @@ def exec_failure(error: ExecError, operation: str) -> Answer:
         message = f"the controller could not reach Nomad to run the {operation}"
         return Answer(500, message, "NOMAD_UNREACHABLE", result="nomad_error", look=Look.SETTLE)
     if isinstance(error, ExecBroken):
-        message = f"the connection to Nomad ended before the {operation}'s exit code"
+        message = f"Nomad cut the connection before the {operation}'s exit code"
         return Answer(500, message, "NOMAD_UNREACHABLE", result="nomad_error", look=Look.SETTLE)
     if isinstance(error, UnknownAllocation):
         message = f"Nomad no longer knows the runner's allocation; the {operation} did not run"

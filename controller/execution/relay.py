@@ -21,7 +21,9 @@ execution flows"):
    - the controller shuts down and its drain's grace ran out (`end_all`):
      `error` saying so, the command stopped as on a timeout;
    - the client disconnects: no frame.
-   After the terminal frame the client is closed with 1000.
+   After the terminal frame the client is closed with 1000. An exec that
+   Nomad cut (its stream ended without an exit code: the agent holding it,
+   or a hop to it, restarted) ends with an `error` frame saying so.
 4. On a timeout or a disconnect the command's whole process tree is ended in
    the background: Ctrl-\\ through the TTY (SIGQUIT to its foreground group),
    then an exec that SIGKILLs, as the unprivileged user, every process of
@@ -33,6 +35,10 @@ execution flows"):
    If the command's exec has still not ended 3 s after the limit, the runner is
    stopped and its claim ended as `execution_not_stopped`: its client is told
    (410) rather than handed a runner with a runaway process.
+   A cut exec's command runs on (Docker does not end it), so the same kill
+   is tried in the background until it gets through (the runner reachable
+   again), `cut_kill_s` at most; then the runner is stopped as above. A
+   runner lost or released meanwhile took its processes with it.
 5. While the execution runs, the runner's inactivity timer stays fresh; it
    counts again from the end.
 """
@@ -75,6 +81,7 @@ from controller.nomad.exec import (
     ExecError,
     ExecEvent,
     ExecForbidden,
+    ExecUnreachable,
     Exited,
     Output,
     StreamClosed,
@@ -84,6 +91,7 @@ from controller.reconcile.uses import RunnerUse
 log = logging.getLogger(__name__)
 
 CTRL_BACKSLASH = b"\x1c"
+CUT_ENDING = "its processes are ended as soon as the runner can be reached"
 SHUTTING_DOWN = Failed(
     "the controller is shutting down and ended this execution; run the command again"
 )
@@ -155,6 +163,11 @@ class RelaySettings:
     # an exec broken off without an exit code (runner not lost) is exit 0 (Poseidon)
     # rather than an error frame.
     broken_as_exit_zero: bool = False
+    # A cut exec (its agent or a hop to it restarted) leaves the command
+    # running: its kill is tried again, `cut_retry_s` doubling up to 4 s, for
+    # this long; then the runner is stopped (`execution_not_stopped`).
+    cut_kill_s: float = 60.0
+    cut_retry_s: float = 0.25
 
 
 class Relay:
@@ -258,6 +271,11 @@ class _Run:
             done, _ = await asyncio.wait([main, *helpers], return_when=asyncio.FIRST_COMPLETED)
             if main in done:
                 outcome = await self._ended(main, err)
+                if _cut(main) and not isinstance(outcome, (Lost, Released)):
+                    # Docker does not end a command whose exec stream was cut.
+                    if isinstance(outcome, Failed):
+                        outcome = Failed(f"{outcome.message}; {CUT_ENDING}")
+                    self.relay.background(self._end_cut(err, self.use.hand_on()))
             elif watch in done:
                 outcome = watch.result()
             else:
@@ -451,11 +469,44 @@ class _Run:
             await self._close_sessions()
             use.end()
 
-    async def _kill_marked(self) -> None:
+    async def _end_cut(self, err: asyncio.Task[int] | None, use: RunnerUse) -> None:
+        """The command's exec was cut: its processes run on in the runner.
+        Kill them as a timed-out execution's are, as soon as the runner can
+        be reached again; a runner lost or released meanwhile took them with
+        it. If no kill gets through within `cut_kill_s`, the runner is
+        stopped rather than left with a command nobody can end."""
+        settings = self.relay.settings
+        runners = self.relay._runners
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settings.cut_kill_s
+        wait = settings.cut_retry_s
+        try:
+            while not runners.ended(self.runner_id):
+                if await self._kill_marked():
+                    return
+                if loop.time() + wait > deadline:
+                    log.warning(
+                        "the cut execution on runner %s could not be ended: stopping the runner",
+                        self.runner_id,
+                        extra={"runner_id": self.runner_id},
+                    )
+                    with contextlib.suppress(Exception):
+                        await runners.stop(self.runner_id, LossReason.EXECUTION_NOT_STOPPED)
+                    return
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, 4.0)
+        finally:
+            if err is not None:
+                err.cancel()
+            await self._close_sessions()
+            use.end()
+
+    async def _kill_marked(self) -> bool:
         """End the execution's processes (`command.kill_command`): all of the
         unprivileged user's when this execution is the runner's only use in
         flight (its own use still counts here), else those with its marker;
-        and root's with its marker (the stderr reader among them)."""
+        and root's with its marker (the stderr reader among them). True when
+        the kill ran to its end."""
         s = self.relay.settings.exec
         alone = self.relay._runners.uses(self.runner_id) <= 1
         argv = kill_command(self.execution.marker, s, sweep_user=alone)
@@ -463,15 +514,17 @@ class _Run:
             session = await self.relay._execs.open(self.alloc_id, s.task, argv, tty=False)
         except ExecError as exc:
             log.info("could not end execution %s: %s", self.execution.id, exc.reason)
-            return
+            return False
         try:
             async with asyncio.timeout(self.relay.settings.stop_grace_s):
-                async for _ in session.events():
-                    pass
+                async for event in session.events():
+                    if isinstance(event, Exited):
+                        return True
         except (ExecError, TimeoutError):
             pass
         finally:
             await session.close()
+        return False
 
     async def _close_sessions(self) -> None:
         for session in (self.main, self.err):
@@ -521,6 +574,12 @@ class _Run:
                 # Gone: keep emptying the queue so nobody blocks on it.
                 self.client_gone = True
                 self.discard = True
+
+
+def _cut(main: asyncio.Task[int]) -> bool:
+    """The command's exec broke off after it ran (not refused before)."""
+    error = main.exception() if not main.cancelled() else None
+    return isinstance(error, ExecBroken) and not isinstance(error, ExecUnreachable)
 
 
 def _ended_as(verdict: Ended) -> Outcome:

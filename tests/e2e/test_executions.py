@@ -155,6 +155,27 @@ def test_a_drain_during_an_execution(world: World) -> None:
     assert status == 410 and "migrated" in message
 
 
+def test_an_agent_restart_cuts_an_execution_and_its_processes_end_once_the_agent_is_back(
+    world: World,
+) -> None:
+    """The node's agent restarts (its port closed for 1 s, every connection
+    reset) while a command runs: Docker keeps the command running, so the
+    controller kills it once it can reach the runner again."""
+    runner = world.claim()
+    alloc = world.alloc_of(runner)
+    leader = Http(world.sim.server_addresses["server-1"])
+
+    def restart() -> None:
+        path = f"/_sim/node/{alloc['NodeID']}/agent-restart?down=1"
+        leader.request("POST", path).raise_for_status()
+
+    run = during_a_run(world, runner, restart)
+    assert run.last["type"] == "error" and "Nomad cut the connection" in run.last["data"]
+    assert run.close_code == 1000
+    wait_until(lambda: not world.processes(alloc["ID"]), timeout=10, interval=0.05)
+    assert world.runner_status(runner)[0] == 200, "the runner is still the client's"
+
+
 def test_the_upgrade_needs_the_token(world: World) -> None:
     runner = world.claim()
     ws_url = world.execute(runner, "echo hi")

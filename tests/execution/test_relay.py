@@ -19,7 +19,7 @@ from controller.execution.relay import Relay, RelaySettings
 from controller.execution.store import Execution
 from controller.metrics import Metrics
 from controller.model import LossReason
-from controller.nomad.exec import ExecBroken, ExecRejected, Exited, Output
+from controller.nomad.exec import ExecBroken, ExecRejected, ExecUnreachable, Exited, Output
 from controller.reconcile.uses import RunnerUse, Uses
 from tests.support.exec_fake import FakeExecs, Open, ScriptedSession, Step, main_then_kills
 
@@ -281,8 +281,9 @@ async def test_a_client_that_never_reads_holds_the_exec_back() -> None:
             False,
             {
                 "type": "error",
-                "data": "Error executing the request: the connection to "
-                "Nomad ended before the command's exit code",
+                "data": "Error executing the request: Nomad cut the connection before "
+                "the command's exit code; its processes are ended as soon as the runner "
+                "can be reached",
             },
         ),
         (True, {"type": "exit", "data": 0}),
@@ -300,9 +301,61 @@ async def test_a_broken_exec_is_an_error_frame_or_poseidons_exit_0(
     )
     runners, client = FakeRunners(), FakeClient()
     settings = replace(FAST, broken_as_exit_zero=exit_zero)
-    r, _ = relay(main, runners, settings)
+    r, execs = relay(main, runners, settings)
     await r.run(execution(), "a", client, runners.use())
     assert client.frames == [{"type": "start"}, {"type": "stdout", "data": "partial"}, last]
+    # Docker runs a cut exec's command on: it is killed either way.
+    await r.wait_background()
+    assert execs.commands[1:] == [kill_command("e1", settings.exec, sweep_user=True)]
+    assert runners.uses_ended == 1
+
+
+async def test_a_cut_execution_is_killed_once_the_runner_can_be_reached_again() -> None:
+    """The agent that held the exec restarted: the kill's exec is refused
+    while it is down, then gets through; the runner's use lasts until then."""
+    main = ScriptedSession([ExecBroken("the connection to Nomad ended before the exit code")])
+    runners, client = FakeRunners(), FakeClient()
+    down = 2  # kill execs refused before one gets through
+
+    async def agent_down(opened: Open) -> None:
+        if not opened.tty and len(execs.opened) <= 1 + down:
+            raise ExecUnreachable("connection refused")
+
+    execs = FakeExecs(main_then_kills(main), meanwhile=agent_down)
+    r = Relay(execs, runners, Metrics(), replace(FAST, cut_retry_s=0.01))
+    await r.run(execution(), "a", client, runners.use())
+    assert client.frames[-1]["type"] == "error"
+    assert runners.uses_ended == 0, "the use ended before the command was"
+    await r.wait_background()
+    assert len(execs.opened) == 1 + down + 1
+    assert runners.uses_ended == 1 and runners.stopped == []
+
+
+async def test_a_cut_execution_that_cannot_be_killed_costs_the_runner() -> None:
+    main = ScriptedSession([ExecBroken("the connection to Nomad ended before the exit code")])
+    runners, client = FakeRunners(), FakeClient()
+
+    async def agent_gone(opened: Open) -> None:
+        if not opened.tty:
+            raise ExecUnreachable("connection refused")
+
+    execs = FakeExecs(main_then_kills(main), meanwhile=agent_gone)
+    r = Relay(execs, runners, Metrics(), replace(FAST, cut_kill_s=0.1, cut_retry_s=0.01))
+    await r.run(execution(), "a", client, runners.use())
+    await r.wait_background()
+    assert runners.stopped == [LossReason.EXECUTION_NOT_STOPPED]
+    assert runners.uses_ended == 1
+
+
+async def test_a_cut_execution_on_a_runner_lost_meanwhile_is_not_killed() -> None:
+    """Its runner's loss took the processes with it: nothing to kill."""
+    main = ScriptedSession([ExecBroken("the connection to Nomad ended before the exit code")])
+    runners, client = FakeRunners(lost=LossReason.LOST), FakeClient()
+    r, execs = relay(main, runners)
+    await r.run(execution(), "a", client, runners.use())
+    await r.wait_background()
+    assert client.frames[-1]["type"] == "error" and "was lost" in client.frames[-1]["data"]
+    assert len(execs.opened) == 1
 
 
 @pytest.mark.parametrize(
