@@ -326,7 +326,7 @@ class _Run:
                 await session.close()
             if sessions:
                 # One side runs and waits for the other: end it.
-                self.relay.background(self._kill_marked())
+                self.relay.background(self._kill_lone_side())
             raise failures[0]
         main, err = results
         assert not isinstance(main, BaseException) and not isinstance(err, BaseException)
@@ -500,6 +500,9 @@ class _Run:
                 err.cancel()
             await self._close_sessions()
             use.end()
+
+    async def _kill_lone_side(self) -> None:
+        await self._kill_marked()
 
     async def _kill_marked(self) -> bool:
         """End the execution's processes (`command.kill_command`): all of the
