@@ -4,6 +4,8 @@ runs on, and what the cluster's state shows afterwards."""
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -104,7 +106,7 @@ def test_the_node_re_registers_when_its_agent_is_back(make_sim: MakeSim) -> None
     )
     seen: list[tuple[str, str]] = []
     for line in stream.iter_lines():
-        frame: dict[str, Any] = requests.models.complexjson.loads(line or b"{}")
+        frame: dict[str, Any] = json.loads(line or b"{}")
         for event in frame.get("Events") or []:
             if event["Key"] == node_id:
                 seen.append((event["Type"], event["Payload"]["Node"]["Status"]))
@@ -156,13 +158,13 @@ def test_a_docker_restart_restarts_every_task_of_its_node_in_place(make_sim: Mak
     assert answer.ok and sorted(answer.json()["Killed"]) == sorted(allocs)
     for session in sessions:
         assert session.finish().exit_code == 137
+
+    def restarted(alloc_id: str) -> bool:
+        got = http.alloc(alloc_id)
+        return bool(got["ClientStatus"] == "running" and got["TaskStates"][TASK]["Restarts"] == 1)
+
     for alloc_id in allocs:
-        wait_until(
-            lambda a=alloc_id: (
-                (got := http.alloc(a))["ClientStatus"] == "running"
-                and got["TaskStates"][TASK]["Restarts"] == 1
-            )
-        )
+        wait_until(functools.partial(restarted, alloc_id))
         assert run(server, alloc_id, ["ls", "-A"]).data("stdout") == b""  # a fresh file system
         assert processes(server, alloc_id) == []
 
