@@ -18,7 +18,7 @@ from websockets.exceptions import InvalidStatus
 
 from tests.helpers import Http, wait_until
 from tests.support.api_server import TOKEN
-from tests.support.world import AUTH, Run, World, read_all, world_with
+from tests.support.world import AUTH, ENV, Run, World, read_all, world_with
 
 
 @pytest.fixture
@@ -174,6 +174,60 @@ def test_an_agent_restart_cuts_an_execution_and_its_processes_end_once_the_agent
     assert run.close_code == 1000
     wait_until(lambda: not world.processes(alloc["ID"]), timeout=10, interval=0.05)
     assert world.runner_status(runner)[0] == 200, "the runner is still the client's"
+
+
+def test_a_docker_restart_tells_the_claimed_runner_and_keeps_the_idle_ones(make_sim: Any) -> None:
+    """Docker restarts on a node: every task there exits 137 and restarts in
+    place (the template's 15 s delay, scaled). The execution running on it
+    ends with the loss, its claimed runner answers 410 `restarted`; the idle
+    runners there are fresh again and stay in the pool: nothing is created
+    anew."""
+    with world_with(make_sim, {"time_scale": 0.01}) as world:
+        docker_restart_during_a_run(world)
+
+
+def docker_restart_during_a_run(world: World) -> None:
+    runner = world.claim()
+    alloc = world.alloc_of(runner)
+    leader = Http(world.sim.server_addresses["server-1"])
+    pools = world.api.controller.pools
+
+    def idle_ready() -> int:
+        return int(pools.pool_counts(ENV.id).idle_ready)
+
+    wait_until(lambda: idle_ready() == ENV.prewarming_pool_size, timeout=10)
+    created = leader.get("/_sim/stats")["JobsRegisteredTotal"]
+    idle_on_node = [
+        a["ID"]
+        for a in leader.get("/v1/allocations")
+        if a["NodeID"] == alloc["NodeID"] and a["ClientStatus"] == "running" and a != alloc
+    ]
+
+    elsewhere = [a["ID"] for a in leader.get("/v1/allocations") if a["NodeID"] != alloc["NodeID"]]
+    assert idle_on_node and elsewhere, "the seeded placement puts runners on both nodes"
+
+    def restart_docker() -> None:
+        leader.request("POST", f"/_sim/node/{alloc['NodeID']}/docker-restart").raise_for_status()
+
+    run = during_a_run(world, runner, restart_docker)
+    assert run.last["type"] == "error" and "restarted" in run.last["data"]
+    status, message = world.runner_status(runner)
+    assert status == 410 and "restarted" in message
+
+    def restarted_in_place() -> bool:
+        idle = [leader.get(f"/v1/allocation/{a}") for a in idle_on_node]
+        return all(
+            a["ClientStatus"] == "running" and a["TaskStates"]["default-task"]["Restarts"] == 1
+            for a in idle
+        )
+
+    wait_until(restarted_in_place, timeout=10)
+    wait_until(lambda: idle_ready() == ENV.prewarming_pool_size, timeout=10)
+    assert leader.get("/_sim/stats")["JobsRegisteredTotal"] == created, "a runner was recreated"
+    for alloc_id in elsewhere:
+        untouched = leader.get(f"/v1/allocation/{alloc_id}")
+        assert untouched["ClientStatus"] == "running"
+        assert untouched["TaskStates"]["default-task"]["Restarts"] == 0
 
 
 def test_the_upgrade_needs_the_token(world: World) -> None:

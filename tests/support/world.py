@@ -173,9 +173,12 @@ def read_all(
 
 
 @contextlib.contextmanager
-def world_with(make_sim: Any, **environ: str) -> Iterator[World]:
-    """A simulator of two nodes and the service against it, with `environ` set."""
-    sim = make_sim(nodes=2)
+def world_with(
+    make_sim: Any, sim_config: dict[str, Any] | None = None, **environ: str
+) -> Iterator[World]:
+    """A simulator of two nodes (`sim_config` overriding the test timings) and
+    the service against it, with `environ` set."""
+    sim = make_sim(**{"nodes": 2, **(sim_config or {})})
     api = ApiServer(sim_settings(sim, **environ)).start()
     try:
         api.controller.pools.put_environment(ENV)
