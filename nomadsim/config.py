@@ -94,6 +94,11 @@ class Faults:
     event_stream_cut_every: int = 0
     heartbeat_loss: bool = False
     migration_ordering: str = "production"
+    # Share of forwarded writes answered 500 `rpc error: EOF` (the leader died
+    # with the write in flight, nomad/rpc.go), of which `write_eof_applied_rate`
+    # were committed all the same: an answer of unknown outcome.
+    write_eof_rate: float = 0.0
+    write_eof_applied_rate: float = 0.5
 
     def update(self, raw: Any) -> None:
         """Apply a partial update; ValueError names the first bad key."""

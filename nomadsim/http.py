@@ -823,6 +823,17 @@ def _wrap(
                     await asyncio.sleep(faults.http_latency_ms / 1000)
                 if faults.http_error_rate and sim.fault_rng.random() < faults.http_error_rate:
                     raise NomadError(500, "No cluster leader", origin=Origin.PLAIN)
+                if (
+                    faults.write_eof_rate
+                    and hop.pool_hops
+                    and kind_of(template, request.method) is Kind.WRITE
+                    and sim.fault_rng.random() < faults.write_eof_rate
+                ):
+                    # The leader's connection ended before its answer: the
+                    # pool reads EOF, whether or not the write was committed.
+                    if sim.fault_rng.random() < faults.write_eof_applied_rate:
+                        await handler(request, sim)
+                    raise NomadError(500, "EOF", origin=Origin.PLAIN)
             return await handler(request, sim)
         except NomadError as exc:
             answer = forwarding.answer(exc, hop.pool_hops)

@@ -21,12 +21,20 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import orjson
 import tenacity
 
-from controller.nomad.client import CONNECTIONS, Outcome, register_body, write_result
+from controller.nomad import jobs
+from controller.nomad.client import (
+    CONNECTIONS,
+    Outcome,
+    landed_result,
+    register_body,
+    write_result,
+)
 from controller.nomad.connection import NomadConnection, RequestHook, report_request
 from controller.nomad.errors import (
     IndexConflict,
@@ -81,12 +89,39 @@ class AsyncJobWriter:
         return self._session
 
     async def register_job(self, job: JsonDict, enforce_index: int | None = None) -> WriteResult:
-        """As `NomadClient.register_job`."""
+        """As `NomadClient.register_job`, a retry's conflict with an earlier
+        try that was committed included."""
         body = orjson.dumps(register_body(job, self.connection.namespace, enforce_index))
-        async for attempt in tenacity.AsyncRetrying(**self._retry):
-            with attempt:
-                return await self._attempt(body)
+        tries = 0
+        try:
+            async for attempt in tenacity.AsyncRetrying(**self._retry):
+                with attempt:
+                    tries += 1
+                    return await self._attempt(body)
+        except IndexConflict:
+            if enforce_index is None or tries < 2:
+                raise
+            result = await self._landed(job)
+            if result is None:
+                raise
+            return result
         raise AssertionError("tenacity re-raises the last error")
+
+    async def _landed(self, job: JsonDict) -> WriteResult | None:
+        """The write of `job` as Nomad holds it, if it is `job` (`jobs.landed`)."""
+        job_id = str(job.get("ID"))
+        url = f"{self.connection.address}/v1/job/{quote(job_id, safe='')}"
+        try:
+            async with self._http().get(url, params=self._params, headers=self._headers) as got:
+                if got.status != 200:
+                    return None
+                current = orjson.loads(await got.read())
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+            return None
+        if not isinstance(current, dict) or not jobs.landed(job, current):
+            return None
+        log.info("register of job %s had landed before its retry conflicted", job_id)
+        return landed_result(current)
 
     async def _attempt(self, body: bytes) -> WriteResult:
         started = time.monotonic()

@@ -41,7 +41,7 @@ import requests
 import tenacity
 
 from controller.model import Allocation
-from controller.nomad import wire
+from controller.nomad import jobs, wire
 from controller.nomad.connection import NomadConnection, RequestHook, report_request
 from controller.nomad.decode import decode_allocation, decode_allocations, decode_job_stubs
 from controller.nomad.errors import (
@@ -285,11 +285,36 @@ class NomadClient:
 
     def register_job(self, job: JsonDict, enforce_index: int | None = None) -> WriteResult:
         body = register_body(job, self.namespace, enforce_index)
-        # A retried register whose first attempt did land (answer lost to a
-        # timeout) comes back as IndexConflict with enforce_index: the caller
-        # re-observes either way, so that is safe.
-        reply = self._call("register_job", lambda: self._jobs.request(method="put", json=body))
+        sent = [0]
+
+        def send() -> requests.Response:
+            sent[0] += 1
+            response: requests.Response = self._jobs.request(method="put", json=body)
+            return response
+
+        try:
+            reply = self._call("register_job", send)
+        except IndexConflict:
+            # A retried EnforceIndex register conflicts with itself when an
+            # earlier try, whose answer was lost, was committed: read it back.
+            if enforce_index is None or sent[0] < 2:
+                raise
+            result = self._landed(job)
+            if result is None:
+                raise
+            return result
         return write_result(reply.body, reply.index)
+
+    def _landed(self, job: JsonDict) -> WriteResult | None:
+        """The write of `job` as Nomad holds it, if it is `job` (`jobs.landed`)."""
+        try:
+            current = self.get_job(str(job.get("ID")))
+        except (NomadUnavailable, NomadAPIError):
+            return None
+        if current is None or not jobs.landed(job, current):
+            return None
+        log.info("register of job %s had landed before its retry conflicted", job.get("ID"))
+        return landed_result(current)
 
     def parse_job_hcl(self, hcl: str) -> JsonDict:
         """A job in HCL as Nomad's API JSON, parsed by Nomad (`POST
@@ -573,6 +598,14 @@ def register_body(job: JsonDict, namespace: str, enforce_index: int | None) -> J
         body["EnforceIndex"] = True
         body["JobModifyIndex"] = enforce_index
     return body
+
+
+def landed_result(current: JsonDict) -> WriteResult:
+    """The result of a register found committed on reading the job back."""
+    return WriteResult(
+        index=int(current.get("ModifyIndex") or 0),
+        job_modify_index=int(current.get("JobModifyIndex") or 0),
+    )
 
 
 def write_result(answer: Any, header_index: int | str) -> WriteResult:

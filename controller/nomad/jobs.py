@@ -427,6 +427,25 @@ def runner_from_job(spec: JsonDict, env_id: int) -> RunnerJob:
     )
 
 
+def landed(sent: JsonDict, current: JsonDict | None) -> bool:
+    """Whether the job Nomad holds now (`current`, read back) is the register
+    `sent`: the same meta on the job and on every group. An EnforceIndex
+    register retried after an answer of unknown outcome (`rpc error: EOF`, a
+    timeout) conflicts with itself when the first try was committed; what
+    the meta holds (a claim's time in ns among it) tells that apart from
+    another writer's change."""
+    if current is None or current.get("ID") != sent.get("ID"):
+        return False
+    if (current.get("Meta") or {}) != (sent.get("Meta") or {}):
+        return False
+    groups = {g.get("Name"): g for g in current.get("TaskGroups") or []}
+    for group in sent.get("TaskGroups") or []:
+        held = groups.get(group.get("Name"))
+        if held is None or (held.get("Meta") or {}) != (group.get("Meta") or {}):
+            return False
+    return True
+
+
 def with_claim(spec: JsonDict, claim: Claim) -> JsonDict:
     """The runner spec with the claim written into its config meta."""
     out = _clean_copy(spec)
