@@ -92,6 +92,9 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
         timeout_s=settings.nomad_timeout_s,
         on_request=metrics.record_request,
         connections=budget.shares.http_pool,
+        # Claims through this client (a budget too small for their own pool),
+        # their ends and recorded losses ride through an election too.
+        enforced_ride_through_s=CLAIM_RIDE_THROUGH_S,
     )
     factory: StreamFactory | None = None
     if settings.event_stream:

@@ -119,6 +119,7 @@ class NomadClient:
         retry_max_wait_s: float = 2.0,
         on_request: RequestHook | None = None,
         connections: int = CONNECTIONS,
+        enforced_ride_through_s: float = 0.0,
     ) -> None:
         """`connection` says where and how; `address` alone is short for
         `NomadConnection(address=address)`. `connections` bounds the kept-alive
@@ -166,6 +167,17 @@ class NomadClient:
         self._node = nomad.api.Node(**settings)
         self._retrying = tenacity.Retrying(
             **retry_kwargs(retry_attempts, retry_max_wait_s, before_sleep=self._log_retry)
+        )
+        # EnforceIndex registers (a claim, its end, a loss recorded: who holds
+        # a runner) ride through a leader election when asked to, as the
+        # claims' own writer does (errors.CLAIM_RIDE_THROUGH_S).
+        self._enforced_retrying = tenacity.Retrying(
+            **retry_kwargs(
+                retry_attempts,
+                retry_max_wait_s,
+                before_sleep=self._log_retry,
+                ride_through_s=enforced_ride_through_s,
+            )
         )
 
     def close(self) -> None:
@@ -292,8 +304,9 @@ class NomadClient:
             response: requests.Response = self._jobs.request(method="put", json=body)
             return response
 
+        retrying = self._enforced_retrying if enforce_index is not None else None
         try:
-            reply = self._call("register_job", send)
+            reply = self._call("register_job", send, retrying=retrying)
         except IndexConflict:
             # A retried EnforceIndex register conflicts with itself when an
             # earlier try, whose answer was lost, was committed: read it back.
@@ -487,10 +500,13 @@ class NomadClient:
         send: Callable[[], requests.Response],
         final: Final | None = None,
         typed: msgspec.json.Decoder[Any] | None = None,
+        retrying: tenacity.Retrying | None = None,
     ) -> _Reply:
-        """`send` with retries; `typed` decodes an answer of its shape (`wire`)."""
+        """`send` with retries (`retrying`, the client's policy by default);
+        `typed` decodes an answer of its shape (`wire`)."""
         # A copy per call keeps tenacity's per-run state apart across threads.
-        reply: _Reply = self._retrying.copy()(self._attempt, operation, send, final, typed)
+        policy = (retrying or self._retrying).copy()
+        reply: _Reply = policy(self._attempt, operation, send, final, typed)
         return reply
 
     def _attempt(

@@ -220,3 +220,32 @@ def test_a_ride_through_ends_within_its_bound(make_sim: Callable[..., SimServer]
 
     took = asyncio.run(run())
     assert 1.0 <= took < 2.0
+
+
+def test_the_clients_enforce_index_register_rides_through_as_well(
+    make_sim: Callable[..., SimServer],
+) -> None:
+    """Claims through the synchronous client (a connection budget too small
+    for a pool of their own), their ends and losses: with
+    `enforced_ride_through_s` an EnforceIndex register outlasts a 1.5 s
+    election; a plain register keeps the five quick attempts."""
+    server: SimServer = make_sim(servers=3, entry="client")
+    outcomes = Outcomes()
+    client = NomadClient(
+        address=server.address,
+        retry_max_wait_s=0.2,
+        on_request=outcomes,
+        enforced_ride_through_s=3.0,
+    )
+    server.sim.faults.update({"http_error_rate": 1.0})
+    started = time.monotonic()
+    with pytest.raises(NomadAPIError, match="No cluster leader"):
+        client.register_job(runner_job("1-i"))
+    assert time.monotonic() - started < 1.0
+    elected = threading.Timer(1.5, server.sim.faults.update, args=({"http_error_rate": 0.0},))
+    elected.start()
+    try:
+        assert client.register_job(runner_job("1-i"), enforce_index=0).job_modify_index > 0
+    finally:
+        elected.cancel()
+    assert outcomes.of("register_job")[-1] == ("ok", "200")
