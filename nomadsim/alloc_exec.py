@@ -406,7 +406,7 @@ def exec_endpoint(sim: Simulator) -> Callable[[WebSocket], Awaitable[None]]:
         remote = None
         try:
             try:
-                remote = sim.restarts.track_exec(_node_id(sim, alloc_id))
+                remote = sim.restarts.track_exec(_node_id(sim, alloc_id), agent, hop)
                 execution = sim.alloc_endpoint.exec(
                     alloc_id, args.task, args.command, args.tty, token
                 )

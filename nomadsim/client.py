@@ -80,6 +80,9 @@ class Client:
         # Nodes whose agent is down (restarts.py): what the servers decide
         # for them waits, and their reports wait, until it is back.
         self._agents_down: set[str] = set()
+        # No server leads (restarts.py): nothing commits, so a client keeps
+        # its updates and sends them once a leader is elected.
+        self._servers_away = False
 
     # -- watching the state store -------------------------------------------------
 
@@ -168,8 +171,21 @@ class Client:
             return alloc
         return _with_client_state(alloc, pending)
 
+    def servers_away(self, away: bool) -> None:
+        """No leader (True) or a leader again (False): the updates kept
+        meanwhile are sent at once, in one burst (client/client.go keeps
+        failed updates and retries them)."""
+        self._servers_away = away
+        if not away:
+            self._sync()
+
     def _update(self, alloc: Alloc) -> Alloc:
         delay_s = self._config.client_sync_ms / 1000
+        if self._servers_away:
+            self._unsynced.pop(alloc.id, None)
+            self._unsynced[alloc.id] = alloc
+            self.on_local(alloc.id, alloc)
+            return alloc
         if delay_s <= 0:
             return self._server.update_alloc(alloc)
         self._unsynced.pop(alloc.id, None)
@@ -183,6 +199,8 @@ class Client:
         """Send the pending batch: each allocation's client state onto what the
         server holds now (a stop it decided meanwhile stays)."""
         self._sync_timer = None
+        if self._servers_away:
+            return  # sent once a leader is elected
         batch, self._unsynced = self._unsynced, {}
         for alloc_id, pending in batch.items():
             current = self._store.allocs.get(alloc_id)

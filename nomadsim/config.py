@@ -35,6 +35,17 @@ class SimConfig:
     # (nomad/heartbeat.go). An agent kept down longer (restarts.py) loses its
     # node's allocations.
     heartbeat_ttl_ms: float = 25_000.0
+    # After an election the new leader gives every node this long before it
+    # can be marked down (failover_heartbeat_ttl, nomad/heartbeat.go).
+    failover_heartbeat_ttl_ms: float = 300_000.0
+    # A leader restart (restarts.py): how long the followers keep forwarding
+    # to the dead leader before they notice (raft's heartbeat timeout, 1-2 s),
+    # how long until a new leader is elected (2-5 s for one failure), and how
+    # long a server holds a request that needs a leader before it answers
+    # `No cluster leader` (RPCHoldTimeout, nomad/rpc.go).
+    leader_notice_ms: float = 1000.0
+    election_ms: float = 3000.0
+    rpc_hold_ms: float = 5000.0
     event_buffer_size: int = 100
     # Production ordering: how long after the replacement runs the old one completes.
     migration_stop_lag_ms: float = 30.0

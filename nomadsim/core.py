@@ -93,7 +93,16 @@ class Simulator:
         store.watch(self.client.on_commit)
         self.variables = Variables(store, self.time, self.new_id)
         self.restarts = Restarts(
-            store, self.time, self.config, self.node_endpoint, self.client, self.driver
+            store,
+            self.time,
+            self.config,
+            self.node_endpoint,
+            self.client,
+            self.driver,
+            self.frontends,
+            # Its own stream: restarts change no ID or placement of the same calls.
+            random.Random(self.config.seed + 2),
+            self.clock.monotonic,
         )
 
     # -- lifecycle --------------------------------------------------------------

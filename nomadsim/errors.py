@@ -25,10 +25,18 @@ class NomadError(Exception):
     """An error answered the way Nomad answers it: status code and plain text."""
 
     def __init__(
-        self, status: int, text: str, body: Any = None, origin: Origin = Origin.HTTP
+        self,
+        status: int,
+        text: str,
+        body: Any = None,
+        origin: Origin = Origin.HTTP,
+        hops: int | None = None,
     ) -> None:
         super().__init__(text)
         self.status = status
         self.text = text
         self.body = body
         self.origin = origin
+        # The pool hops the error travels back, when fewer than the request's:
+        # an error of a server on the way (no leader), not of the leader.
+        self.hops = hops

@@ -8,6 +8,7 @@ request finds its agent by the local port it arrived on."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from nomadsim.config import SimConfig
@@ -30,6 +31,42 @@ class Frontends:
         self.addresses: dict[str, str] = {}
         self._by_port: dict[int, Agent] = {}
         self.forwarded: dict[str, int] = {}
+        # Who leads now (None: an election is on), which servers are down,
+        # and the server each client agent sends its RPCs to (restarts.py
+        # moves them); `_now` holds every agent with its current role and server.
+        self.leader: str | None = self.agents[0].name
+        self.servers_down: set[str] = set()
+        self._server_of = {a.name: a.server for a in self.agents if a.server is not None}
+        self._now: dict[str, Agent] = {}
+        self._refresh()
+
+    @property
+    def servers(self) -> list[str]:
+        return [a.name for a in self.agents if a.role is not Role.CLIENT]
+
+    def server_of(self, agent: str) -> str | None:
+        """The server a client agent sends its RPCs to now."""
+        return self._server_of.get(agent)
+
+    def lead(self, leader: str | None) -> None:
+        """`leader` leads from now on (None: no server leads)."""
+        self.leader = leader
+        self._refresh()
+
+    def move(self, agent: str, server: str) -> None:
+        """The client agent sends its RPCs to `server` from now on."""
+        self._server_of[agent] = server
+        self._refresh()
+
+    def _refresh(self) -> None:
+        now = {}
+        for agent in self.agents:
+            if agent.role is Role.CLIENT:
+                now[agent.name] = replace(agent, server=self._server_of[agent.name])
+            else:
+                role = Role.LEADER if agent.name == self.leader else Role.FOLLOWER
+                now[agent.name] = replace(agent, role=role)
+        self._now = now
 
     def _entry(self, role: str) -> Agent:
         wanted = Role(role)
@@ -44,19 +81,20 @@ class Frontends:
         self._by_port[port] = self.by_name[name]
 
     def agent_of(self, scope: Mapping[str, Any]) -> Agent:
-        """The agent whose listener the request arrived on (the leader for
-        a request that came another way, e.g. an in-process test client)."""
+        """The agent whose listener the request arrived on, with its role
+        and server now (the leader for a request that came another way, e.g.
+        an in-process test client)."""
         server = scope.get("server")
         if server is not None:
             agent = self._by_port.get(int(server[1]))
             if agent is not None:
-                return agent
-        return self.agents[0]
+                return self._now[agent.name]
+        return self._now[self.leader or self.agents[0].name]
 
     def hop(
         self, agent: Agent, kind: Kind, stale: bool = False, alloc_node: str | None = None
     ) -> Hop:
-        server_role = self.by_name[agent.server].role if agent.server else None
+        server_role = self._now[agent.server].role if agent.server else None
         result = hop(agent, kind, stale, server_role, alloc_node)
         if result.pool_hops:
             self.forwarded[agent.name] = self.forwarded.get(agent.name, 0) + 1

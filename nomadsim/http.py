@@ -628,6 +628,7 @@ async def event_stream(request: Request, sim: Simulator) -> Response:
         # agent read EOF (command/agent/event_endpoint.go, CodedError 500).
         raise NomadError(500, "EOF")
     sub = sim.broker.subscribe(Subscription(topics, namespace_of(request)), from_index)
+    sim.restarts.track_stream(sub, stream_to)
 
     async def frames() -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
@@ -662,6 +663,7 @@ async def event_stream(request: Request, sim: Simulator) -> Response:
                     return
         finally:
             sim.broker.unsubscribe(sub)
+            sim.restarts.forget_stream(sub)
             if stream_to is not None:
                 sim.frontends.rpc.close_stream(stream_to, agent.ip)
 
@@ -674,7 +676,9 @@ async def event_stream(request: Request, sim: Simulator) -> Response:
 
 
 async def status_leader(request: Request, sim: Simulator) -> Response:
-    return json_response("127.0.0.1:4647")
+    # The leader's RPC address; "" while none leads (nomad/status_endpoint.go).
+    leader = sim.frontends.leader
+    return json_response(f"{sim.frontends.by_name[leader].ip}:4647" if leader else "")
 
 
 async def regions(request: Request, sim: Simulator) -> Response:
@@ -684,7 +688,7 @@ async def regions(request: Request, sim: Simulator) -> Response:
 async def agent_self(request: Request, sim: Simulator) -> Response:
     agent = sim.frontends.agent_of(request.scope)
     server = "false" if agent.node is not None else "true"
-    leader = "true" if agent.name == sim.frontends.agents[0].name else "false"
+    leader = "true" if agent.name == sim.frontends.leader else "false"
     return json_response(
         {
             "config": {
@@ -766,6 +770,25 @@ async def sim_agent_restart(request: Request, sim: Simulator) -> Response:
     return json_response({"Node": node.id, "Name": node.name, "DownSeconds": down_s})
 
 
+async def sim_server_restart(request: Request, sim: Simulator) -> Response:
+    name = request.path_params["name"]
+    down_s = _seconds(request, "down", 2.0)
+    election = _seconds(request, "election", sim.config.election_ms / 1000)
+    sim.restarts.server(name, down_s, election)
+    return json_response(sim.restarts.servers_view())
+
+
+async def sim_servers_restart(request: Request, sim: Simulator) -> Response:
+    down_s = _seconds(request, "down", 2.0)
+    election = _seconds(request, "election", sim.config.election_ms / 1000)
+    sim.restarts.all_servers(down_s, election)
+    return json_response(sim.restarts.servers_view())
+
+
+async def sim_servers(request: Request, sim: Simulator) -> Response:
+    return json_response(sim.restarts.servers_view())
+
+
 async def sim_docker_restart(request: Request, sim: Simulator) -> Response:
     killed = sim.restarts.docker(request.path_params["node_id"])
     return json_response({"Index": sim.store.index, "Killed": killed})
@@ -818,6 +841,12 @@ def _wrap(
                     # The servers resolve tokens: an uncoded RPC error.
                     raise NomadError(403, "Permission denied", origin=Origin.PLAIN)
             if nomad_api:
+                kind = kind_of(template, request.method)
+                if kind in (Kind.READ, Kind.WRITE):
+                    # A forwarded write or consistent read needs the leader.
+                    await sim.restarts.leader_for(
+                        agent, hop, needs_leader=hop.pool_hops > 0 and not hop.follower_view
+                    )
                 faults = sim.faults
                 if faults.http_latency_ms:
                     await asyncio.sleep(faults.http_latency_ms / 1000)
@@ -826,7 +855,7 @@ def _wrap(
                 if (
                     faults.write_eof_rate
                     and hop.pool_hops
-                    and kind_of(template, request.method) is Kind.WRITE
+                    and kind is Kind.WRITE
                     and sim.fault_rng.random() < faults.write_eof_rate
                 ):
                     # The leader's connection ended before its answer: the
@@ -836,7 +865,7 @@ def _wrap(
                     raise NomadError(500, "EOF", origin=Origin.PLAIN)
             return await handler(request, sim)
         except NomadError as exc:
-            answer = forwarding.answer(exc, hop.pool_hops)
+            answer = forwarding.answer(exc, hop.pool_hops if exc.hops is None else exc.hops)
             if exc.body is not None and answer.status == exc.status:
                 return json_response(exc.body, status=exc.status)
             return text(answer.status, answer.text)
@@ -881,6 +910,9 @@ def routes(sim: Simulator) -> list[BaseRoute]:
         ("/_sim/node/{node_id}/up", sim_node_up, ["POST"]),
         ("/_sim/node/{node_id}/agent-restart", sim_agent_restart, ["POST"]),
         ("/_sim/node/{node_id}/docker-restart", sim_docker_restart, ["POST"]),
+        ("/_sim/servers", sim_servers, ["GET"]),
+        ("/_sim/servers/restart", sim_servers_restart, ["POST"]),
+        ("/_sim/server/{name}/restart", sim_server_restart, ["POST"]),
     ]
     wrapped: list[BaseRoute] = [
         Route(path, _wrap(sim, path, handler), methods=methods) for path, handler, methods in table

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -44,12 +45,18 @@ from nomadsim.client import Client
 from nomadsim.clock import SimTime
 from nomadsim.config import SimConfig
 from nomadsim.driver import Driver
-from nomadsim.errors import NomadError
+from nomadsim.errors import NomadError, Origin
+from nomadsim.events import Subscriber
+from nomadsim.frontends import Frontends
 from nomadsim.node_endpoint import NodeEndpoint
 from nomadsim.records import RUNNING, Node
 from nomadsim.state import StateStore
+from nomadsim.topology import Agent, Hop
 
 NO_PATH = "No path to node"
+NO_LEADER = "No cluster leader"
+# A server's RPC port, as the dial errors of Nomad's connection pool name it.
+RPC_PORT = 4647
 
 
 class Listeners(Protocol):
@@ -64,10 +71,11 @@ class Listeners(Protocol):
 
 @dataclass(eq=False)
 class ExecCut:
-    """An exec of a node's allocation reached through another agent: the
-    restart of the node's agent cuts it."""
+    """An exec of a node's allocation: the restart of the node's agent, or of
+    a server on its way (`servers`), cuts it."""
 
     node_id: str
+    servers: frozenset[str] = frozenset()
     cut: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -80,6 +88,9 @@ class Restarts:
         nodes: NodeEndpoint,
         client: Client,
         driver: Driver,
+        frontends: Frontends,
+        rng: random.Random,
+        monotonic: Callable[[], float],
     ) -> None:
         self._store = store
         self._time = time
@@ -87,12 +98,26 @@ class Restarts:
         self._nodes = nodes
         self._client = client
         self._driver = driver
+        self._frontends = frontends
+        self._rng = rng
+        self._monotonic = monotonic
         self.listeners: Listeners | None = None
-        # Node ids whose agent is down now.
+        # Node ids whose agent is down now, and since when (monotonic).
         self.agents_down: set[str] = set()
+        self._agent_down_at: dict[str, float] = {}
         self._remote: set[ExecCut] = set()
+        self._streams: dict[Subscriber, str] = {}
         self._returns: dict[str, asyncio.TimerHandle] = {}
         self._background: set[asyncio.Task[None]] = set()
+        # The leader that went away, until the followers notice (monotonic).
+        self._old_leader: str | None = None
+        self._noticed_at = 0.0
+        self._election: asyncio.TimerHandle | None = None
+        self._elected = asyncio.Event()
+        self._elected.set()
+        self._last_election_at = float("-inf")
+        # Client agents whose server went away: their next RPC fails once.
+        self._stranded: set[str] = set()
 
     # -- a client agent ---------------------------------------------------------------
 
@@ -104,6 +129,7 @@ class Restarts:
         if node.status == "down":
             raise NomadError(409, f"node {node.name} is down")
         self.agents_down.add(node.id)
+        self._agent_down_at[node.id] = self._monotonic()
         self._client.agent_down(node.id)
         self._driver.hold(node.id)
         if self.listeners is not None:
@@ -120,8 +146,17 @@ class Restarts:
         return node
 
     def _missed_heartbeats(self, node_id: str) -> None:
-        if node_id in self.agents_down:
-            self._nodes.set_status(node_id, "down")
+        if node_id not in self.agents_down:
+            return
+        # A leader elected meanwhile gave every node the failover TTL.
+        grace_until = self._last_election_at + self._config.failover_heartbeat_ttl_ms / 1000
+        now = self._monotonic()
+        if grace_until > now:
+            self._time.timers.call_later(
+                grace_until - now, lambda: self._missed_heartbeats(node_id)
+            )
+            return
+        self._nodes.set_status(node_id, "down")
 
     async def _agent_back(self, node_id: str) -> None:
         self._returns.pop(node_id, None)
@@ -131,25 +166,174 @@ class Restarts:
         if self.listeners is not None:
             await self.listeners.open(node.name)
         self.agents_down.discard(node_id)
+        self._agent_down_at.pop(node_id, None)
         self._nodes.reregister(node_id)
         self._driver.release(node_id)
         self._client.agent_up(node_id)
 
-    def track_exec(self, node_id: str | None) -> ExecCut | None:
-        """An exec of an allocation on `node_id` arriving at another agent:
-        None when it can be served, else raises `No path to node`. The
-        caller ends the exec when the returned cut is set and `forget`s it."""
+    def track_exec(self, node_id: str | None, agent: Agent, hop: Hop) -> ExecCut | None:
+        """An exec of an allocation on `node_id` arriving at `agent`: raises
+        `No path to node` while the node's agent is down. The caller ends the
+        exec when the returned cut is set and `forget`s it."""
         if node_id is None:
             return None
         if node_id in self.agents_down:
             raise NomadError(404, NO_PATH)
-        remote = ExecCut(node_id)
+        servers = set()
+        if hop.stream_to is not None:
+            servers.add(hop.stream_to)
+        node = self._store.nodes.get(node_id)
+        if node is not None and node.name != agent.name:
+            # A server reaches the node over the connection the node's agent
+            # keeps to its own server.
+            held_by = self._frontends.server_of(node.name)
+            if held_by is not None:
+                servers.add(held_by)
+        remote = ExecCut(node_id, frozenset(servers))
         self._remote.add(remote)
         return remote
 
     def forget(self, remote: ExecCut | None) -> None:
         if remote is not None:
             self._remote.discard(remote)
+
+    # -- servers ----------------------------------------------------------------------
+
+    def track_stream(self, sub: Subscriber, server: str | None) -> None:
+        """An event stream a client agent bridges to `server`."""
+        if server is not None:
+            self._streams[sub] = server
+
+    def forget_stream(self, sub: Subscriber) -> None:
+        self._streams.pop(sub, None)
+
+    def server(self, name: str, down_s: float, election_s: float | None = None) -> None:
+        """Restart the server `name`, down for `down_s` seconds. Losing the
+        leader opens an election of `election_s` (SimConfig.election_ms)."""
+        frontends = self._frontends
+        if name not in frontends.servers:
+            raise NomadError(404, f"no server {name!r}; servers: {', '.join(frontends.servers)}")
+        if name in frontends.servers_down:
+            raise NomadError(409, f"server {name} is already down")
+        self._servers_down([name], election_s)
+        self._returns[name] = self._time.timers.call_later(
+            down_s, lambda: self._spawn(self._servers_back([name], election_s))
+        )
+
+    def all_servers(self, down_s: float, election_s: float | None = None) -> None:
+        """Restart every server at once (a cluster-wide reboot, #408)."""
+        frontends = self._frontends
+        if frontends.servers_down:
+            down = ", ".join(sorted(frontends.servers_down))
+            raise NomadError(409, f"servers down already: {down}")
+        names = list(frontends.servers)
+        self._servers_down(names, election_s)
+        self._returns["servers"] = self._time.timers.call_later(
+            down_s, lambda: self._spawn(self._servers_back(names, election_s))
+        )
+
+    def _servers_down(self, names: list[str], election_s: float | None) -> None:
+        frontends = self._frontends
+        frontends.servers_down.update(names)
+        for name in names:
+            if self.listeners is not None:
+                self.listeners.close(name)
+        for sub, server in list(self._streams.items()):
+            if server in names:
+                # The agent's streaming RPC read EOF: its HTTP stream ends.
+                sub.queue.put_nowait(None)
+                del self._streams[sub]
+        for remote in [r for r in self._remote if r.servers & set(names)]:
+            remote.cut.set()
+        for agent in frontends.agents:
+            if frontends.server_of(agent.name) in names:
+                self._stranded.add(agent.name)
+        if frontends.leader in names:
+            self._old_leader = frontends.leader
+            self._noticed_at = self._monotonic() + self._config.leader_notice_ms / 1000
+            frontends.lead(None)
+            self._elected = asyncio.Event()
+            self._client.servers_away(True)
+            self._elect_later(election_s)
+
+    async def _servers_back(self, names: list[str], election_s: float | None) -> None:
+        frontends = self._frontends
+        for name in names:
+            self._returns.pop(name, None)
+            if self.listeners is not None:
+                await self.listeners.open(name)
+            frontends.servers_down.discard(name)
+        self._returns.pop("servers", None)
+        if frontends.leader is None and self._election is None:
+            self._elect_later(election_s)
+
+    def _quorum(self) -> bool:
+        frontends = self._frontends
+        up = len(frontends.servers) - len(frontends.servers_down)
+        return up > len(frontends.servers) // 2
+
+    def _elect_later(self, election_s: float | None) -> None:
+        """An election that ends `election_s` from now, if a quorum is up
+        (else it starts once one is back)."""
+        if not self._quorum():
+            return
+        delay = self._config.election_ms / 1000 if election_s is None else election_s
+        self._election = self._time.timers.call_later(delay, self._elect)
+
+    def _elect(self) -> None:
+        self._election = None
+        frontends = self._frontends
+        candidates = [s for s in frontends.servers if s not in frontends.servers_down]
+        if not self._quorum() or not candidates:
+            return
+        frontends.lead(self._rng.choice(candidates))
+        self._old_leader = None
+        self._last_election_at = self._monotonic()
+        self._elected.set()
+        # Status updates the clients kept meanwhile arrive now, in a burst.
+        self._client.servers_away(False)
+
+    async def leader_for(self, agent: Agent, hop: Hop, needs_leader: bool) -> None:
+        """What a server RPC meets on its way (http.py calls this before the
+        handler): a client agent whose server went away fails once with the
+        dial error and moves to another server; a request that needs the
+        leader while none leads fails with the dial error while the followers
+        still believe in the dead one, then is held until one is elected or
+        `rpc_hold_ms` has passed (`No cluster leader`)."""
+        frontends = self._frontends
+        if agent.name in self._stranded:
+            # The agent's own pool failed to dial: wrapped once.
+            self._stranded.discard(agent.name)
+            gone = agent.server or ""
+            others = [s for s in frontends.servers if s not in frontends.servers_down]
+            if others:
+                frontends.move(agent.name, self._rng.choice(others))
+            raise NomadError(500, _dial_error(frontends, gone), origin=Origin.PLAIN, hops=1)
+        if not needs_leader or frontends.leader is not None:
+            return
+        if self._old_leader is not None and self._monotonic() < self._noticed_at:
+            # The follower's pool failed to dial the dead leader.
+            raise NomadError(500, _dial_error(frontends, self._old_leader), origin=Origin.PLAIN)
+        hold_s = self._config.rpc_hold_ms / 1000
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._elected.wait(), hold_s)
+        if frontends.leader is None:
+            # The follower's own answer: wrapped only by the hops before it.
+            raise NomadError(500, NO_LEADER, origin=Origin.PLAIN, hops=hop.pool_hops - 1)
+
+    def servers_view(self) -> dict[str, object]:
+        """What /_sim/servers answers."""
+        frontends = self._frontends
+        return {
+            "Leader": frontends.leader,
+            "Servers": {
+                name: {
+                    "Status": "down" if name in frontends.servers_down else "up",
+                    "Address": frontends.addresses.get(name),
+                }
+                for name in frontends.servers
+            },
+        }
 
     # -- Docker -----------------------------------------------------------------------
 
@@ -177,8 +361,17 @@ class Restarts:
         for handle in self._returns.values():
             handle.cancel()
         self._returns.clear()
+        if self._election is not None:
+            self._election.cancel()
+        self._elected.set()
         for task in self._background:
             task.cancel()
+
+
+def _dial_error(frontends: Frontends, server: str) -> str:
+    """Nomad's connection pool failing to reach `server` (helper/pool)."""
+    ip = frontends.by_name[server].ip if server in frontends.by_name else "127.0.0.1"
+    return f"failed to get conn: dial tcp {ip}:{RPC_PORT}: connect: connection refused"
 
 
 async def until_cut(remote: ExecCut | None, work: Callable[[], Awaitable[None]]) -> bool:

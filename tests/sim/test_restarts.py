@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,7 @@ import requests
 from websockets.exceptions import ConnectionClosed
 
 from nomadsim import SimServer
-from tests.helpers import SECOND, Http, wait_until
+from tests.helpers import SECOND, Http, runner_job, wait_until
 from tests.sim.test_exec import (
     TASK,
     Session,
@@ -182,3 +183,110 @@ def test_restart_routes_refuse_what_cannot_be_restarted(make_sim: MakeSim) -> No
     assert again.status_code == 409 and "already down" in again.text
     docker = leader.request("POST", f"/_sim/node/{node_id}/docker-restart")
     assert docker.status_code == 409 and "is down" in docker.text
+
+
+# -- servers ----------------------------------------------------------------------------
+
+
+def servers(server: SimServer) -> dict[str, Any]:
+    answer: dict[str, Any] = Http(server.address).get("/_sim/servers")
+    return answer
+
+
+def register(address: str, job_id: str) -> requests.Response:
+    return requests.put(f"{address}/v1/jobs", json={"Job": runner_job(job_id)}, timeout=10)
+
+
+def test_a_follower_restart_moves_its_agents_and_elects_nobody(make_sim: MakeSim) -> None:
+    server = make_sim()
+    follower = server.server_addresses["server-2"]
+    agent = server.agent_addresses["agent-2"]  # sends its RPCs to server-2
+    stream = requests.get(f"{agent}/v1/event/stream", stream=True, timeout=5)
+    lines = stream.iter_lines()
+    assert next(lines) == b"{}"
+    leader = Http(server.server_addresses["server-1"])
+    assert leader.request("POST", "/_sim/server/server-2/restart?down=0.5").ok
+
+    assert servers(server)["Leader"] == "server-1"
+    assert servers(server)["Servers"]["server-2"]["Status"] == "down"
+    assert not answers(follower)
+    # The agent's streaming RPC read EOF: its stream ends, cleanly (after
+    # the buffered frames it replays; a stream still open would time out).
+    assert all(line.startswith(b'{"Index"') for line in lines)
+    first = register(agent, "1-f")
+    assert (first.status_code, first.text) == (
+        500,
+        "rpc error: failed to get conn: dial tcp 127.0.2.2:4647: connect: connection refused",
+    )
+    assert register(agent, "1-f").ok, "the agent did not move to another server"
+    wait_until(lambda: answers(follower), timeout=5)
+    assert servers(server)["Servers"]["server-2"]["Status"] == "up"
+
+
+def test_a_leader_restart_answers_as_followers_do_until_one_is_elected(make_sim: MakeSim) -> None:
+    """Dial errors while the followers still believe in the dead leader, then
+    each request held for `rpc_hold_ms` and answered `No cluster leader`,
+    then a new leader; stale reads are served throughout."""
+    server = make_sim(leader_notice_ms=300.0, rpc_hold_ms=100.0)
+    follower = server.server_addresses["server-2"]
+    agent = server.agent_addresses["agent-2"]
+    before = register(agent, "1-g")
+    assert before.ok
+    index = before.json()["Index"]
+    assert requests.post(f"{follower}/_sim/server/server-1/restart?down=5&election=1.5").ok
+
+    dialled = register(agent, "1-g")
+    assert (dialled.status_code, dialled.text) == (
+        500,
+        "rpc error: rpc error: failed to get conn: dial tcp 127.0.2.1:4647: "
+        "connect: connection refused",
+    )
+    wait_until(lambda: register(follower, "1-g").text == "No cluster leader", timeout=5)
+    held = register(agent, "1-g")
+    assert (held.status_code, held.text) == (500, "rpc error: No cluster leader")
+    assert servers(server)["Leader"] is None
+    assert requests.get(f"{agent}/v1/jobs?stale", timeout=5).ok
+    assert requests.get(f"{agent}/v1/status/leader", timeout=5).json() == ""
+
+    wait_until(lambda: servers(server)["Leader"] is not None, timeout=5)
+    assert servers(server)["Leader"] in ("server-2", "server-3")
+    after = register(agent, "1-g")
+    assert after.ok and after.json()["Index"] > index  # indexes continue
+
+
+def test_a_request_held_through_a_short_election_is_answered(make_sim: MakeSim) -> None:
+    server = make_sim(leader_notice_ms=0.0, rpc_hold_ms=5000.0)
+    follower = server.server_addresses["server-3"]
+    assert requests.post(f"{follower}/_sim/server/server-1/restart?down=5&election=0.5").ok
+    started = time.monotonic()
+    assert register(follower, "1-h").ok
+    assert 0.3 < time.monotonic() - started < 3.0
+
+
+def test_updates_kept_without_a_leader_arrive_after_the_election(make_sim: MakeSim) -> None:
+    """A task that crashes while no server leads: the servers learn of it
+    once a leader is elected, not before."""
+    server = make_sim(leader_notice_ms=0.0, rpc_hold_ms=50.0)
+    alloc_id, _, _ = placed(server)
+    follower = Http(server.server_addresses["server-2"])
+    assert follower.request("POST", "/_sim/server/server-1/restart?down=5&election=1").ok
+    assert follower.request("POST", f"/_sim/allocation/{alloc_id}/crash").ok
+    stale = f"/v1/allocations?stale&filter=ID%20%3D%3D%20%22{alloc_id}%22"
+    assert [a["ClientStatus"] for a in follower.get(stale)] == ["running"]
+    wait_until(lambda: servers(server)["Leader"] is not None, timeout=5)
+    wait_until(lambda: follower.alloc(alloc_id)["TaskStates"][TASK]["Restarts"] == 1)
+
+
+def test_all_servers_down_need_a_quorum_back_before_a_leader(make_sim: MakeSim) -> None:
+    server = make_sim(rpc_hold_ms=50.0)
+    agent = server.agent_addresses["agent-3"]
+    assert requests.post(f"{agent}/_sim/servers/restart?down=0.5&election=0.2", timeout=5).ok
+    assert all(s["Status"] == "down" for s in servers_via(agent)["Servers"].values())
+    assert register(agent, "1-i").status_code == 500
+    wait_until(lambda: servers_via(agent)["Leader"] is not None, timeout=5)
+    wait_until(lambda: register(agent, "1-i").ok, timeout=5)
+
+
+def servers_via(address: str) -> dict[str, Any]:
+    answer: dict[str, Any] = requests.get(f"{address}/_sim/servers", timeout=5).json()
+    return answer
