@@ -861,6 +861,12 @@ class Driver:
         """The node's agent went away: its containers run on as they are."""
         self._held.add(node_id)
 
+    def kill_node(self, node_id: str) -> None:
+        """The node's host went down: every container on it is gone."""
+        on_node = self._store.allocs_by_node.get(node_id, set())
+        for alloc_id in [a for a in self._runs if a in on_node]:
+            self._stop_run(alloc_id)
+
     def release(self, node_id: str) -> None:
         """The node's agent is back: what ended meanwhile (its allocations
         lost while the node was down) is killed now."""

@@ -789,6 +789,12 @@ async def sim_servers(request: Request, sim: Simulator) -> Response:
     return json_response(sim.restarts.servers_view())
 
 
+async def sim_reboot(request: Request, sim: Simulator) -> Response:
+    down_s = _seconds(request, "down", 20.0)
+    node = sim.restarts.agent(request.path_params["node_id"], down_s, reboot=True)
+    return json_response({"Node": node.id, "Name": node.name, "DownSeconds": down_s})
+
+
 async def sim_docker_restart(request: Request, sim: Simulator) -> Response:
     killed = sim.restarts.docker(request.path_params["node_id"])
     return json_response({"Index": sim.store.index, "Killed": killed})
@@ -910,6 +916,7 @@ def routes(sim: Simulator) -> list[BaseRoute]:
         ("/_sim/node/{node_id}/up", sim_node_up, ["POST"]),
         ("/_sim/node/{node_id}/agent-restart", sim_agent_restart, ["POST"]),
         ("/_sim/node/{node_id}/docker-restart", sim_docker_restart, ["POST"]),
+        ("/_sim/node/{node_id}/reboot", sim_reboot, ["POST"]),
         ("/_sim/servers", sim_servers, ["GET"]),
         ("/_sim/servers/restart", sim_servers_restart, ["POST"]),
         ("/_sim/server/{name}/restart", sim_server_restart, ["POST"]),

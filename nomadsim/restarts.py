@@ -121,8 +121,9 @@ class Restarts:
 
     # -- a client agent ---------------------------------------------------------------
 
-    def agent(self, node_id: str, down_s: float) -> Node:
-        """Restart the node's client agent, down for `down_s` seconds."""
+    def agent(self, node_id: str, down_s: float, reboot: bool = False) -> Node:
+        """Restart the node's client agent, down for `down_s` seconds; with
+        `reboot`, the whole host: Docker and every container go with it."""
         node = self._nodes.get(node_id)
         if node.id in self.agents_down:
             raise NomadError(409, f"the agent of node {node.name} is already down")
@@ -132,6 +133,8 @@ class Restarts:
         self._agent_down_at[node.id] = self._monotonic()
         self._client.agent_down(node.id)
         self._driver.hold(node.id)
+        if reboot:
+            self._driver.kill_node(node.id)
         if self.listeners is not None:
             self.listeners.close(node.name)
         for remote in [r for r in self._remote if r.node_id == node.id]:
@@ -141,7 +144,7 @@ class Restarts:
         if down_s > ttl_s:
             timers.call_later(ttl_s, lambda: self._missed_heartbeats(node.id))
         self._returns[node.id] = timers.call_later(
-            down_s, lambda: self._spawn(self._agent_back(node.id))
+            down_s, lambda: self._spawn(self._agent_back(node.id, reboot))
         )
         return node
 
@@ -158,7 +161,7 @@ class Restarts:
             return
         self._nodes.set_status(node_id, "down")
 
-    async def _agent_back(self, node_id: str) -> None:
+    async def _agent_back(self, node_id: str, reboot: bool) -> None:
         self._returns.pop(node_id, None)
         node = self._store.nodes.get(node_id)
         if node is None:
@@ -170,6 +173,12 @@ class Restarts:
         self._nodes.reregister(node_id)
         self._driver.release(node_id)
         self._client.agent_up(node_id)
+        if reboot:
+            # The restored client finds its containers exited: each task is
+            # Terminated and restarted as its policy says (a fresh container).
+            for alloc in self._store.node_allocs(node_id):
+                if alloc.client_status == RUNNING and alloc.desired_status == "run":
+                    self._client.task_exit(alloc.id, 137, oom=False)
 
     def track_exec(self, node_id: str | None, agent: Agent, hop: Hop) -> ExecCut | None:
         """An exec of an allocation on `node_id` arriving at `agent`: raises

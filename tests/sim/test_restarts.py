@@ -23,6 +23,7 @@ from tests.sim.test_exec import (
     refused,
     run,
     start_job,
+    task_dir,
     wait_for_processes,
 )
 from tests.sim.test_topology import exec_url, node_names
@@ -52,9 +53,13 @@ def closed(session: Session) -> ConnectionClosed:
         assert '"exited"' not in frame, "a cut exec sent an exit frame"
 
 
+RESTART = {"Attempts": 2, "Interval": 3600 * SECOND, "Delay": 0, "Mode": "fail"}
+
+
 def placed(server: SimServer) -> tuple[str, str, str]:
-    """A running allocation: its id, its node's id and its agent's address."""
-    (alloc_id,) = start_job(server)
+    """A running allocation (restarted in place twice at most, at once): its
+    id, its node's id and its agent's address."""
+    (alloc_id,) = start_job(server, restart=RESTART)
     node_id = Http(server.address).alloc(alloc_id)["NodeID"]
     return alloc_id, node_id, server.agent_addresses[node_names(server)[node_id]]
 
@@ -145,8 +150,7 @@ def test_an_agent_down_past_the_heartbeat_ttl_loses_its_node_and_ends_the_old_pr
 def test_a_docker_restart_restarts_every_task_of_its_node_in_place(make_sim: MakeSim) -> None:
     server = make_sim(nodes=1)
     http = Http(server.address)
-    restart = {"Attempts": 2, "Interval": 3600 * SECOND, "Delay": 0, "Mode": "fail"}
-    allocs = start_job(server, count=2, restart=restart)
+    allocs = start_job(server, count=2, restart=RESTART)
     for alloc_id in allocs:
         run(server, alloc_id, ["touch", "left-behind"])
     sessions = [Session(exec_url(server.address, a, ["sleep", "60"])) for a in allocs]
@@ -290,3 +294,53 @@ def test_all_servers_down_need_a_quorum_back_before_a_leader(make_sim: MakeSim) 
 def servers_via(address: str) -> dict[str, Any]:
     answer: dict[str, Any] = requests.get(f"{address}/_sim/servers", timeout=5).json()
     return answer
+
+
+# -- hosts ------------------------------------------------------------------------------
+
+
+def reboot(server: SimServer, node_id: str, down_s: float) -> requests.Response:
+    leader = Http(server.server_addresses["server-1"])
+    return leader.request("POST", f"/_sim/node/{node_id}/reboot?down={down_s}")
+
+
+def test_a_short_reboot_restarts_every_task_in_place_on_return(make_sim: MakeSim) -> None:
+    server = make_sim()
+    http = Http(server.server_addresses["server-1"])
+    alloc_id, node_id, agent = placed(server)
+    run(server, alloc_id, ["touch", "left-behind"])
+    session = Session(exec_url(http.address, alloc_id, ["sh", "-c", "echo up; exec sleep 60"]))
+    session.read_until(b"up")
+    pids = wait_for_processes(server, alloc_id, 1)
+
+    assert reboot(server, node_id, 1.0).ok
+
+    # The containers went with the host, at once.
+    wait_until(lambda: not any(alive(pid) for pid in pids), timeout=5)
+    assert http.alloc(alloc_id)["ClientStatus"] == "running"  # the servers do not know yet
+    wait_until(lambda: answers(agent), timeout=5)
+    wait_until(
+        lambda: (
+            (a := http.alloc(alloc_id))["ClientStatus"] == "running"
+            and a["TaskStates"][TASK]["Restarts"] == 1
+        ),
+        timeout=5,
+    )
+    assert run(server, alloc_id, ["ls", "-A"]).data("stdout") == b""
+
+
+def test_a_reboot_past_the_heartbeat_ttl_loses_the_node_and_nothing_comes_back(
+    make_sim: MakeSim,
+) -> None:
+    server = make_sim(heartbeat_ttl_ms=300.0)
+    http = Http(server.server_addresses["server-1"])
+    alloc_id, node_id, agent = placed(server)
+
+    assert reboot(server, node_id, 1.5).ok
+
+    wait_until(lambda: http.alloc(alloc_id)["ClientStatus"] == "lost", timeout=5)
+    wait_until(lambda: [a for a in http.allocs("exec") if a["ClientStatus"] == "running"])
+    wait_until(lambda: answers(agent), timeout=5)
+    assert http.get(f"/v1/node/{node_id}")["Status"] == "ready"
+    assert http.alloc(alloc_id)["ClientStatus"] == "lost"
+    assert task_dir(server, alloc_id) is None
