@@ -3,7 +3,7 @@ write bench/results/<name>.json for each and print the table.
 
 Names: claims, convergence, event_to_ready, pass_cost, steady_load (which also
 writes memory), executions, files, prewarm, timeouts, templates, production,
-replicas, claim_wait, ratios, clients.
+replicas, claim_wait, ratios, clients, maintenance.
 `python -m bench prewarm --trace FILE.csv` replays a claim trace of your own
 instead of the shipped ones (bench/b8_prewarm.py). `--profile` adds, for claims
 and executions, where the controller's CPU goes by function (bench/profile.py).
@@ -39,6 +39,7 @@ from bench import (
     b13_claim_wait,
     b14_ratios,
     b15_clients,
+    b16_maintenance,
 )
 from bench.common import Result, machine, render_table, write_result
 
@@ -58,6 +59,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[Result]]] = {
     "claim_wait": lambda quick: [b13_claim_wait.run(quick)],
     "ratios": lambda quick: [b14_ratios.run(quick)],
     "clients": lambda quick: [b15_clients.run(quick)],
+    "maintenance": lambda quick: [b16_maintenance.run(quick)],
 }
 
 

@@ -193,10 +193,12 @@ def start_sim(
     event_buffer: int = 100,
     topology: str = "tests",
     marks: bool = False,
+    maintenance: bool = False,
 ) -> tuple[ChildProcess, Http]:
     """The simulator in its own process (see bench.simproc); `topology` is
     `tests` (what the suite runs against), `production` or `direct`; `marks`
-    adds its claim writes' marks (`bench.marks`)."""
+    adds its claim writes' marks (`bench.marks`); `maintenance`, the short,
+    production-shaped restart timings of `bench.simproc --maintenance`."""
     proc = ChildProcess(
         python_module(
             "bench.simproc",
@@ -213,6 +215,7 @@ def start_sim(
             "--topology",
             topology,
             *(["--marks"] if marks else []),
+            *(["--maintenance"] if maintenance else []),
         )
     )
     procs.append(proc)

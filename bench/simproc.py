@@ -13,6 +13,7 @@ of Nomad or of `/_sim`):
   the process's full garbage collections (`gc_pauses`: count, seconds);
 - `GET /_bench/processes?alloc=ID` lists the live processes an allocation's
   executions left (by the simulator's marker, and as root by its uid);
+  without `alloc`, those of every allocation it knows, by the marker only;
 - `POST /_bench/touch {"ids", "kind"}` changes runners as another writer or
   the cluster would: `job` re-registers each job with one more meta key (a
   new JobModifyIndex; the allocation is updated in place), `crash` makes each
@@ -174,10 +175,12 @@ def bench_routes(sim: Simulator, gc_pauses: GcPauses) -> list[Route]:
     async def processes(request: Request) -> Response:
         """Live processes an allocation's executions left: those carrying the
         simulator's marker, and (as root) every process of its unprivileged uid."""
-        alloc_id = request.query_params["alloc"]
-        pids = set(sim.exec_processes(alloc_id))
-        if sim.driver.docker_users:
-            uid, _ = sim.driver.user_ids(alloc_id)
+        alloc = request.query_params.get("alloc")
+        pids: set[int] = set()
+        for alloc_id in [alloc] if alloc else list(sim.store.allocs):
+            pids.update(sim.exec_processes(alloc_id))
+        if alloc and sim.driver.docker_users:
+            uid, _ = sim.driver.user_ids(alloc)
             pids.update(live_processes_of(uid))
         return JSONResponse({"pids": sorted(pids)})
 

@@ -96,6 +96,15 @@ NODE_CONNECT_TIMEOUT_S = 1.0
 # After a node's agent could not be connected to, its execs go straight to the
 # configured address for this long before the node is tried again.
 UNREACHABLE_NODE_S = 60.0
+# A node's agent that refuses the connection, having taken execs before, is
+# restarting (its port closed for the seconds systemd takes to stop and start
+# it; a host that is gone does not answer at all, and an address that never
+# answered is a misconfiguration): its execs wait for it this long, the wait growing
+# from NODE_RETRY_FIRST_S to NODE_RETRY_MAX_S, before they go through the
+# configured address, which can only answer `No path to node` meanwhile.
+NODE_RIDE_THROUGH_S = 6.0
+NODE_RETRY_FIRST_S = 0.1
+NODE_RETRY_MAX_S = 1.0
 # (operation, outcome, HTTP status or "none", seconds) after every handshake:
 # operation `exec_node` (on the node's agent), `exec` (the configured
 # address) or `exec_fallback` (the node's agent could not be reached).
@@ -467,15 +476,18 @@ class ExecClient:
         retry_max_wait_s: float = 2.0,
         on_request: RequestHook | None = None,
         budget: AgentSlots | None = None,
+        node_ride_through_s: float = NODE_RIDE_THROUGH_S,
     ) -> None:
         """`budget` bounds the handshakes in flight per agent address (see
-        controller.nomad.budget); None: unbounded."""
+        controller.nomad.budget); None: unbounded. A node's agent that
+        refuses connections is waited for `node_ride_through_s`."""
         if connection is None:
             connection = NomadConnection(address=address or "http://127.0.0.1:4646")
         self.connection = connection
         self._nodes = nodes
         self._connect_timeout_s = connect_timeout_s
         self._node_connect_timeout_s = node_connect_timeout_s
+        self._node_ride_through_s = node_ride_through_s
         self._heartbeat_s = heartbeat_s
         self._retry_attempts = retry_attempts
         self._retry_max_wait_s = retry_max_wait_s
@@ -484,6 +496,8 @@ class ExecClient:
         # Node address → until when execs skip it (monotonic): a firewalled
         # node would otherwise cost every exec the connect timeout.
         self._unreachable: dict[str, float] = {}
+        # Node addresses an exec has reached: one that refuses later restarts.
+        self._reached: set[str] = set()
         self._budget = budget
 
     def url(
@@ -512,13 +526,25 @@ class ExecClient:
         if node is not None and self._unreachable.get(node, 0.0) <= time.monotonic():
             direct = self.connection.at(node)
             if direct.address != self.connection.address:
-                try:
-                    ws = await self._handshake(
-                        "exec_node", alloc_id, task, command, tty, direct, node=True
-                    )
-                    return ExecSession(ws, self._heartbeat_s)
-                except _NoConnection as exc:
-                    self._fall_back(node, exc)
+                deadline = time.monotonic() + self._node_ride_through_s
+                wait = NODE_RETRY_FIRST_S
+                while True:
+                    try:
+                        ws = await self._handshake(
+                            "exec_node", alloc_id, task, command, tty, direct, node=True
+                        )
+                        self._reached.add(node)
+                        return ExecSession(ws, self._heartbeat_s)
+                    except _NoConnection as exc:
+                        # Refused by an agent that answered before: it restarts.
+                        refused = isinstance(exc.cause, ConnectionRefusedError)
+                        restarting = refused and node in self._reached
+                        if restarting and time.monotonic() + wait < deadline:
+                            await asyncio.sleep(wait)  # the agent restarts
+                            wait = min(wait * 2, NODE_RETRY_MAX_S)
+                            continue
+                        self._fall_back(node, exc)
+                        break
         ws = await self._handshake("exec", alloc_id, task, command, tty, self.connection)
         return ExecSession(ws, self._heartbeat_s)
 

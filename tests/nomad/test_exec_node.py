@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 
 import pytest
+import requests
 
 from controller.model import Allocation
 from controller.nomad.client import NomadClient
@@ -125,3 +126,25 @@ async def test_the_node_read_fails_the_configured_address_serves(
     client = ExecClient(address=sim.address, nodes=NodeDirectory(dead), on_request=seen)
     assert await run(client, alloc, "echo here") == (0, b"here\n")
     assert seen.count("exec") == 1 and seen.count("exec_node") == 0
+
+
+async def test_a_restarting_node_agent_is_waited_for_rather_than_fallen_back_from(
+    make_sim: Callable[..., SimServer],
+) -> None:
+    """The node's agent, which took an exec before, refuses connections for
+    1 s (it restarts): the next exec waits for it and runs there, where the
+    configured address could only answer `No path to node` meanwhile."""
+    sim = make_sim(servers=3, entry="client")
+    gateway = NomadClient(address=sim.address, retry_max_wait_s=0.05)
+    (alloc, *_) = running_elsewhere(sim, gateway, runners=3)
+    seen = Requests()
+    client = ExecClient(address=sim.address, nodes=NodeDirectory(gateway), on_request=seen)
+    assert await run(client, alloc, "echo before") == (0, b"before\n")
+    leader = sim.server_addresses["server-1"]
+    restart = f"{leader}/_sim/node/{alloc.node_id}/agent-restart?down=1"
+    answer = await asyncio.to_thread(requests.post, restart, timeout=5)
+    assert answer.ok
+    started = asyncio.get_running_loop().time()
+    assert await run(client, alloc, "echo after") == (0, b"after\n")
+    assert asyncio.get_running_loop().time() - started > 0.5
+    assert seen.count("exec_fallback") == 0 and seen.count("exec") == 0
