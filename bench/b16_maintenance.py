@@ -87,7 +87,7 @@ class Load:
     started in."""
 
     api: Http
-    sim: Http
+    cluster: Cluster
     phase: str = ""
     sessions: list[Session] = field(default_factory=list)
     claims_failed: Counter[str] = field(default_factory=Counter)
@@ -129,7 +129,7 @@ class Load:
                 self.claims_failed[_answer(status, data)] += 1
             return
         runner = str(json.loads(data)["runnerId"])
-        s.node = _node_of(self.sim, runner)
+        s.node = _node_of(self.cluster, runner)
         token = uuid.uuid4().hex[:12]
         try:
             self._use(api, s, runner, token)
@@ -215,14 +215,45 @@ def _run(url: str, token: str) -> str:
     return str(frame["type"])
 
 
-def _node_of(sim: Http, runner: str) -> str:
+class Cluster:
+    """The simulated cluster's agents, each reachable at its own address: a
+    call goes through one that is not being restarted (a request to an agent
+    whose listener a restart resets loses its answer)."""
+
+    def __init__(self, entry: Http) -> None:
+        listeners = entry.json("GET", "/_sim/connections")["HTTP"]
+        self.agents = {name: Http(v["Address"], timeout=30) for name, v in listeners.items()}
+        self.down: set[str] = set()
+
+    def via(self, avoid: str = "", server: bool = False) -> Http:
+        """An agent that is up and not `avoid` (a server with `server`)."""
+        for name, http in self.agents.items():
+            if name in self.down or name == avoid:
+                continue
+            if server == name.startswith("server-"):
+                return http
+        raise RuntimeError("no agent is up")
+
+    def call(self, path: str, avoid: str) -> Any:
+        """A `/_sim` call, through an agent other than the one it restarts
+        (which counts as down until `back`)."""
+        self.down.add(avoid)
+        return self.via(avoid).json("POST", path)
+
+    def back(self, name: str) -> None:
+        self.down.discard(name)
+
+
+def _node_of(cluster: Cluster, runner: str) -> str:
     """The node the runner's allocation runs on (the runner id is its job's)."""
-    try:
-        allocs = sim.json("GET", f"/v1/job/{runner}/allocations")
-    except (RuntimeError, OSError):
-        return ""
-    running = [a for a in allocs if a["ClientStatus"] == "running"]
-    return str(running[0]["NodeName"]) if running else ""
+    for name in ("agent-2", "agent-3"):
+        try:
+            allocs = cluster.agents[name].json("GET", f"/v1/job/{runner}/allocations?stale")
+        except (RuntimeError, OSError):
+            continue
+        running = [a for a in allocs if a["ClientStatus"] == "running"]
+        return str(running[0]["NodeName"]) if running else ""
+    return ""
 
 
 def _explained(s: Session, restarts: list[tuple[str, float, float]]) -> bool:
@@ -244,39 +275,42 @@ def _counts(api: Http) -> dict[str, float]:
     }
 
 
-def _node_names(sim: Http) -> dict[str, str]:
+def _node_names(cluster: Cluster) -> dict[str, str]:
     """Node ID by name (the agent's name is the node's)."""
-    return {n["Name"]: n["ID"] for n in sim.json("GET", "/v1/nodes")}
+    return {n["Name"]: n["ID"] for n in cluster.via().json("GET", "/v1/nodes?stale")}
 
 
-def _leader(sim: Http) -> str:
-    return str(sim.json("GET", "/_sim/servers")["Leader"])
+def _servers(cluster: Cluster) -> dict[str, Any]:
+    answer: dict[str, Any] = cluster.via().json("GET", "/_sim/servers")
+    return answer
 
 
-def _servers(sim: Http) -> list[str]:
-    return sorted(sim.json("GET", "/_sim/servers")["Servers"])
-
-
-def _settle(sim: Http, seconds: float) -> None:
-    """Wait until the cluster has a leader and every node is ready again,
-    then `seconds` more."""
-    wait_for(lambda: sim.status("GET", "/v1/status/leader") == 200, 60, what="a leader")
+def _settle(cluster: Cluster, restarted: str) -> None:
+    """Wait until what was restarted is back, the cluster has a leader and
+    every node is ready again."""
+    wait_for(lambda: _servers(cluster)["Leader"] is not None, 60, what="a leader")
+    if restarted in cluster.agents:
+        wait_for(
+            lambda: cluster.agents[restarted].status("GET", "/v1/agent/self") == 200,
+            120,
+            what=f"{restarted} back",
+        )
+    cluster.back(restarted)
     wait_for(
-        lambda: all(n["Status"] == "ready" for n in sim.json("GET", "/v1/nodes")),
+        lambda: all(n["Status"] == "ready" for n in cluster.via().json("GET", "/v1/nodes")),
         120,
         what="every node ready",
     )
-    if seconds:
-        time.sleep(seconds)  # the load runs on between restarts (a pacing, not a sync)
 
 
-def _phase_actions(sim: Http, phase: str) -> list[tuple[str, str]]:
+def _phase_actions(cluster: Cluster, phase: str) -> list[tuple[str, str]]:
     """The `/_sim/` calls of a phase, in order: (path, what restarted)."""
-    nodes = _node_names(sim)
+    nodes = _node_names(cluster)
     names = sorted(nodes, key=lambda n: int(n.rsplit("-", 1)[-1]))
     if phase == "servers":
-        leader = _leader(sim)
-        order = [s for s in _servers(sim) if s != leader] + [leader]
+        servers = _servers(cluster)
+        leader = servers["Leader"]
+        order = [s for s in sorted(servers["Servers"]) if s != leader] + [leader]
         return [(f"/_sim/server/{s}/restart?down=3", s) for s in order]
     if phase == "agents":
         return [(f"/_sim/node/{nodes[n]}/agent-restart?down=3", n) for n in names]
@@ -285,7 +319,7 @@ def _phase_actions(sim: Http, phase: str) -> list[tuple[str, str]]:
     return [(f"/_sim/node/{nodes[names[2]]}/reboot?down=20", names[2])]
 
 
-def _phase(sim: Http, api: Http, load: Load, phase: str) -> dict[str, Any]:
+def _phase(cluster: Cluster, api: Http, load: Load, phase: str) -> dict[str, Any]:
     before = _counts(api)
     with load.lock:
         load.phase = phase
@@ -294,11 +328,11 @@ def _phase(sim: Http, api: Http, load: Load, phase: str) -> dict[str, Any]:
     time.sleep(SESSION_PERIOD_S)  # the load in its stride before the first restart
     restarted = []
     windows: list[tuple[str, float, float]] = []
-    for path, what in _phase_actions(sim, phase):
+    for path, what in _phase_actions(cluster, phase):
         began = time.perf_counter()
-        sim.json("POST", path)
+        cluster.call(path, avoid=what)
         restarted.append(what)
-        _settle(sim, 0.0)
+        _settle(cluster, what)
         windows.append((what, began, time.perf_counter()))
         time.sleep(SESSION_PERIOD_S)  # the load runs on between restarts (a pacing)
     last_action = time.perf_counter()
@@ -307,7 +341,7 @@ def _phase(sim: Http, api: Http, load: Load, phase: str) -> dict[str, Any]:
     wait_for(lambda: idle_runners(api, ENV_ID) >= POOL, POOL_FULL_TIMEOUT_S, what="pool full")
     full_after = time.perf_counter() - last_action
     time.sleep(PROCESS_BOUND_S)  # the bound the processes are allowed
-    left = len(sim.json("GET", "/_bench/processes")["pids"])
+    left = len(cluster.via().json("GET", "/_bench/processes")["pids"])
     after = _counts(api)
     with load.lock:
         sessions = load.sessions[first:]
@@ -351,13 +385,14 @@ def run(quick: bool = False) -> Result:
         )
         api.json("PUT", f"/api/v1/execution-environments/{ENV_ID}", environment_body(ENV_ID, POOL))
         wait_for(lambda: idle_runners(api, ENV_ID) >= POOL, 180, what="pool full")
-        load = Load(api, sim)
+        cluster = Cluster(sim)
+        load = Load(api, cluster)
         threads = [threading.Thread(target=load.client, daemon=True) for _ in range(CLIENTS)]
         for t in threads:
             t.start()
         try:
             for phase in phases[:2] if quick else phases:
-                result.details["phases"][phase] = _phase(sim, api, load, phase)
+                result.details["phases"][phase] = _phase(cluster, api, load, phase)
         finally:
             load.stop.set()
             for t in threads:

@@ -28,6 +28,12 @@ Its garbage collector is paced as the `sim` command paces it (every
 first time once the seed is in): see docs/simulator.md, "No pauses Nomad does
 not have".
 
+`--maintenance` sets the restart timings of a production cluster (nomadsim
+`restarts.py`: a 1 s notice, a 3 s election, the 5 s hold), with the
+heartbeat TTL and the failover TTL after an election both cut to 10 s (20–30 s
+and 5 min in Nomad), so that a night's host reboot loses its node within
+the benchmark.
+
 Prints `READY <address>` (the entry's) once it listens; SIGTERM stops it.
 """
 
@@ -205,6 +211,16 @@ def _topology(name: str) -> dict[str, Any]:
     return {"tests": TOPOLOGY, "production": PRODUCTION, "direct": DIRECT}[name]
 
 
+# `--maintenance`: see the module docstring.
+MAINTENANCE: dict[str, Any] = {
+    "leader_notice_ms": 1000.0,
+    "election_ms": 3000.0,
+    "rpc_hold_ms": 5000.0,
+    "heartbeat_ttl_ms": 10_000.0,
+    "failover_heartbeat_ttl_ms": 10_000.0,
+}
+
+
 def serve(args: argparse.Namespace) -> None:
     """Serve until SIGTERM or SIGINT."""
     server = SimServer(
@@ -214,6 +230,7 @@ def serve(args: argparse.Namespace) -> None:
             stop_delay_ms=args.stop_delay * 1000,
             event_buffer_size=args.event_buffer,
             **_topology(args.topology),
+            **(MAINTENANCE if args.maintenance else {}),
         ),
         port=args.port,
     )
@@ -245,6 +262,9 @@ def main() -> None:
     parser.add_argument("--event-buffer", type=int, default=100)
     parser.add_argument("--topology", choices=["tests", "production", "direct"], default="tests")
     parser.add_argument("--marks", action="store_true", help="mark claim writes (bench.marks)")
+    parser.add_argument(
+        "--maintenance", action="store_true", help="a maintenance night's restart timings"
+    )
     parser.add_argument(
         "--gc-freeze-interval",
         type=float,
