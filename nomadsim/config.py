@@ -104,6 +104,10 @@ class Faults:
     event_duplicate_rate: float = 0.0
     event_stream_cut_every: int = 0
     heartbeat_loss: bool = False
+    # Every open event stream sends nothing at all, frames or heartbeats,
+    # without closing (its host gone, no FIN): what it holds back flows again
+    # once the fault is off, if the client is still there.
+    event_stream_stall: bool = False
     migration_ordering: str = "production"
     # Share of forwarded writes answered 500 `rpc error: EOF` (the leader died
     # with the write in flight, nomad/rpc.go), of which `write_eof_applied_rate`

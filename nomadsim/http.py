@@ -630,6 +630,13 @@ async def event_stream(request: Request, sim: Simulator) -> Response:
     sub = sim.broker.subscribe(Subscription(topics, namespace_of(request)), from_index)
     sim.restarts.track_stream(sub, stream_to)
 
+    async def stalled() -> None:
+        """Hold everything while the stream is stalled: not a byte, no FIN."""
+        # Faults are plain settings (PUT /_sim/faults), with nothing to wait
+        # on: a stall is looked at again every 50 ms.
+        while sim.faults.event_stream_stall and not sim.stopped:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
     async def frames() -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
         interval = sim.config.heartbeat_interval_ms / 1000
@@ -644,12 +651,14 @@ async def event_stream(request: Request, sim: Simulator) -> Response:
                         sub.queue.get(), max(0.0, next_beat - loop.time())
                     )
                 except TimeoutError:
+                    await stalled()
                     if not sim.faults.heartbeat_loss:
                         yield b"{}\n"
                     next_beat = loop.time() + interval
                     continue
                 if frame is None:
                     return
+                await stalled()
                 line = dumps(frame) + b"\n"
                 yield line
                 if (

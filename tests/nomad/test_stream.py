@@ -354,3 +354,20 @@ def test_a_frame_larger_than_a_read_and_a_small_one_after_it_arrive_at_once(
     _, seen = streams(server.address)
     wait_until(lambda: seen.indexes == [5, 6], timeout=3)
     assert seen.keys("Job") == ["j5", "j6"]
+
+
+def test_a_stalled_stream_times_out_and_the_next_one_delivers_what_it_held(
+    sim: SimServer, streams: Any
+) -> None:
+    """Not a byte and no FIN (its server's host is gone): the read timeout
+    ends the connection; once streams flow again the reconnect resumes after
+    the last frame delivered, the write made during the stall included."""
+    stream, seen = streams(sim.address, read_timeout_s=0.1)
+    wait_until(lambda: stream.connected)
+    set_faults(sim, event_stream_stall=True)
+    written = Http(sim.address).register(runner_job("1-s"))["Index"]
+    wait_until(lambda: stream.reconnects >= 1)
+    assert written not in seen.indexes
+    set_faults(sim, event_stream_stall=False)
+    wait_until(lambda: written in seen.indexes)
+    assert seen.states[:2] == [True, False]
