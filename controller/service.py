@@ -147,7 +147,11 @@ def build(settings: Settings, nomad_address: str | None = None) -> Service:
     )
     exec_client = ExecClient(
         connection,
-        nodes=NodeDirectory(gateway) if settings.nomad_exec_on_node else None,
+        nodes=(
+            NodeDirectory(gateway, observed=controller.pools.observed_node)
+            if settings.nomad_exec_on_node
+            else None
+        ),
         connect_timeout_s=settings.nomad_timeout_s,
         on_request=metrics.record_request,
         budget=budget,

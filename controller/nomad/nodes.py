@@ -10,7 +10,10 @@ configured address (api/allocations_exec.go); so do we.
 Both reads are cached: an allocation never changes node, and a node's
 address changes only when its agent is reconfigured (a stale address fails
 to connect, which falls back and forgets it). A failed read answers None:
-the caller uses the configured address.
+the caller uses the configured address. When the read of an allocation's
+node fails (the configured agent restarting, say), the node the controller
+has already observed for it (`observed`) is used instead: the node's own
+agent may well be up.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol
 
 from controller.nomad.errors import NomadError
@@ -37,8 +41,11 @@ class NodeReads(Protocol):
 class NodeDirectory:
     """Allocation → node → HTTPAddr, cached (see the module docstring)."""
 
-    def __init__(self, reads: NodeReads) -> None:
+    def __init__(
+        self, reads: NodeReads, observed: Callable[[str], str | None] | None = None
+    ) -> None:
         self._reads = reads
+        self._observed = observed
         self._alloc_nodes: OrderedDict[str, str] = OrderedDict()
         self._addresses: dict[str, str] = {}
 
@@ -48,7 +55,7 @@ class NodeDirectory:
         try:
             node = self._alloc_nodes.get(alloc_id)
             if node is None:
-                node = await asyncio.to_thread(self._reads.allocation_node, alloc_id)
+                node = await asyncio.to_thread(self._allocation_node, alloc_id)
                 if node is None:
                     return None
                 self._alloc_nodes[alloc_id] = node
@@ -64,6 +71,15 @@ class NodeDirectory:
         except NomadError as exc:
             log.info("could not read the node of allocation %s: %s", alloc_id, exc)
             return None
+
+    def _allocation_node(self, alloc_id: str) -> str | None:
+        try:
+            return self._reads.allocation_node(alloc_id)
+        except NomadError:
+            known = self._observed(alloc_id) if self._observed is not None else None
+            if known is None:
+                raise
+            return known
 
     def forget(self, address: str) -> None:
         """Read the address of the node(s) at `address` again next time."""

@@ -98,6 +98,16 @@ class Pools:
         """Read these runners from Nomad now (see `Observer.reread`)."""
         self._observer.reread(runner_ids)
 
+    def observed_node(self, alloc_id: str) -> str | None:
+        """The node the snapshot shows the allocation on; None when it shows
+        no such allocation. A scan of every runner's allocations: for when
+        Nomad cannot be asked."""
+        for allocs in self._observer.snapshot.allocs.values():
+            for alloc in allocs:
+                if alloc.id == alloc_id:
+                    return alloc.node_id or None
+        return None
+
     def allocation(self, alloc_id: str) -> Allocation | None:
         """One allocation as Nomad's leader holds it now (one read; the
         snapshot is not changed by it)."""

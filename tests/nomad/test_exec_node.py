@@ -14,6 +14,7 @@ import requests
 from controller.model import Allocation
 from controller.nomad.client import NomadClient
 from controller.nomad.exec import ExecClient, Exited, Output
+from controller.nomad.gateway import NomadUnavailable
 from controller.nomad.nodes import NodeDirectory
 from nomadsim import SimServer
 from tests.helpers import runner_job, wait_until
@@ -148,3 +149,31 @@ async def test_a_restarting_node_agent_is_waited_for_rather_than_fallen_back_fro
     assert await run(client, alloc, "echo after") == (0, b"after\n")
     assert asyncio.get_running_loop().time() - started > 0.5
     assert seen.count("exec_fallback") == 0 and seen.count("exec") == 0
+
+
+async def test_the_node_observed_serves_when_the_allocation_cannot_be_read(
+    make_sim: Callable[..., SimServer],
+) -> None:
+    """The configured agent restarts: the allocation's node cannot be read
+    from it, but the controller observed it, and the node's agent is up."""
+    sim = make_sim(servers=3, entry="client")
+    gateway = NomadClient(address=sim.address, retry_max_wait_s=0.05)
+    (alloc, *_) = running_elsewhere(sim, gateway, runners=3)
+
+    class EntryDown:
+        def allocation_node(self, alloc_id: str) -> str | None:
+            raise NomadUnavailable("get_allocation: connection refused")
+
+        def node_http_address(self, node_id: str) -> str | None:
+            return gateway.node_http_address(node_id)  # cached before, in production
+
+    seen = Requests()
+    observed = {alloc.id: alloc.node_id}
+    client = ExecClient(
+        address=sim.address, nodes=NodeDirectory(EntryDown(), observed.get), on_request=seen
+    )
+    assert await run(client, alloc, "echo here") == (0, b"here\n")
+    assert seen.count("exec_node") == 1 and seen.count("exec") == 0
+    unknown = ExecClient(address=sim.address, nodes=NodeDirectory(EntryDown()), on_request=seen)
+    assert await run(unknown, alloc, "echo there") == (0, b"there\n")
+    assert seen.count("exec") == 1  # nothing observed: the configured address

@@ -22,6 +22,7 @@ from controller.reconcile.claims import (
     UnknownEnvironment,
 )
 from tests.support.fake_nomad import JsonDict
+from tests.support.one_runner import OneRunner
 from tests.support.pool import ENV, Pool
 
 TIMEOUT_S = 60
@@ -468,3 +469,14 @@ def test_prune_forgets_runners_no_longer_in_nomad(pool: Pool) -> None:
     assert pool.claims.begin_expiry(pool.view(runner_id), pool.clock.now_ns())
     pool.claims.prune(frozenset())
     assert pool.claims.touch(runner_id), "nothing is remembered of it"
+
+
+def test_the_node_of_an_observed_allocation_is_known_without_asking_nomad(
+    one_runner: OneRunner,
+) -> None:
+    """What execs fall back on when the configured agent cannot be asked
+    (controller/nomad/nodes.py)."""
+    one_runner.claim()
+    pools = one_runner.controller.pools
+    assert pools.observed_node("alloc-1") == "agent-1"
+    assert pools.observed_node("no-such-alloc") is None
