@@ -181,17 +181,13 @@ class Client:
 
     def _update(self, alloc: Alloc) -> Alloc:
         delay_s = self._config.client_sync_ms / 1000
-        if self._servers_away:
-            self._unsynced.pop(alloc.id, None)
-            self._unsynced[alloc.id] = alloc
-            self.on_local(alloc.id, alloc)
-            return alloc
-        if delay_s <= 0:
+        if delay_s <= 0 and not self._servers_away:
             return self._server.update_alloc(alloc)
         self._unsynced.pop(alloc.id, None)
         self._unsynced[alloc.id] = alloc
         self.on_local(alloc.id, alloc)
-        if self._sync_timer is None:
+        # Without a leader the batch waits for the election (`servers_away`).
+        if self._sync_timer is None and not self._servers_away:
             self._sync_timer = self._time.timers.call_later(delay_s, self._sync)
         return alloc
 

@@ -849,9 +849,7 @@ class Driver:
                 and self._runs
             ):
                 # A node that stopped heartbeating: its containers are gone.
-                on_node = self._store.allocs_by_node.get(change.key, set())
-                for alloc_id in [a for a in self._runs if a in on_node]:
-                    self._stop_run(alloc_id)
+                self.kill_node(change.key)
 
     def client_changed(self, alloc_id: str, alloc: Alloc) -> None:
         """A change on the node, before its client reports it to the servers."""
@@ -861,18 +859,21 @@ class Driver:
         """The node's agent went away: its containers run on as they are."""
         self._held.add(node_id)
 
-    def kill_node(self, node_id: str) -> None:
-        """The node's host went down: every container on it is gone."""
+    def _runs_on(self, node_id: str) -> list[str]:
         on_node = self._store.allocs_by_node.get(node_id, set())
-        for alloc_id in [a for a in self._runs if a in on_node]:
+        return [a for a in self._runs if a in on_node]
+
+    def kill_node(self, node_id: str) -> None:
+        """The node's containers are gone (its host went down, or it stopped
+        heartbeating)."""
+        for alloc_id in self._runs_on(node_id):
             self._stop_run(alloc_id)
 
     def release(self, node_id: str) -> None:
         """The node's agent is back: what ended meanwhile (its allocations
         lost while the node was down) is killed now."""
         self._held.discard(node_id)
-        on_node = self._store.allocs_by_node.get(node_id, set())
-        for alloc_id in [a for a in self._runs if a in on_node]:
+        for alloc_id in self._runs_on(node_id):
             self._alloc_changed(alloc_id, self.client_view(alloc_id))
 
     def _run_of(self, alloc: Alloc | None) -> int | None:

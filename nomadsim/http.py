@@ -773,24 +773,30 @@ def _seconds(request: Request, name: str, default: float) -> float:
     return value
 
 
-async def sim_agent_restart(request: Request, sim: Simulator) -> Response:
-    down_s = _seconds(request, "down", 2.0)
-    node = sim.restarts.agent(request.path_params["node_id"], down_s)
+def _agent_down(request: Request, sim: Simulator, default_s: float, reboot: bool) -> Response:
+    down_s = _seconds(request, "down", default_s)
+    node = sim.restarts.agent(request.path_params["node_id"], down_s, reboot=reboot)
     return json_response({"Node": node.id, "Name": node.name, "DownSeconds": down_s})
 
 
+async def sim_agent_restart(request: Request, sim: Simulator) -> Response:
+    return _agent_down(request, sim, 2.0, reboot=False)
+
+
+def _down_and_election(request: Request, sim: Simulator) -> tuple[float, float]:
+    return (
+        _seconds(request, "down", 2.0),
+        _seconds(request, "election", sim.config.election_ms / 1000),
+    )
+
+
 async def sim_server_restart(request: Request, sim: Simulator) -> Response:
-    name = request.path_params["name"]
-    down_s = _seconds(request, "down", 2.0)
-    election = _seconds(request, "election", sim.config.election_ms / 1000)
-    sim.restarts.server(name, down_s, election)
+    sim.restarts.server(request.path_params["name"], *_down_and_election(request, sim))
     return json_response(sim.restarts.servers_view())
 
 
 async def sim_servers_restart(request: Request, sim: Simulator) -> Response:
-    down_s = _seconds(request, "down", 2.0)
-    election = _seconds(request, "election", sim.config.election_ms / 1000)
-    sim.restarts.all_servers(down_s, election)
+    sim.restarts.all_servers(*_down_and_election(request, sim))
     return json_response(sim.restarts.servers_view())
 
 
@@ -799,9 +805,7 @@ async def sim_servers(request: Request, sim: Simulator) -> Response:
 
 
 async def sim_reboot(request: Request, sim: Simulator) -> Response:
-    down_s = _seconds(request, "down", 20.0)
-    node = sim.restarts.agent(request.path_params["node_id"], down_s, reboot=True)
-    return json_response({"Node": node.id, "Name": node.name, "DownSeconds": down_s})
+    return _agent_down(request, sim, 20.0, reboot=True)
 
 
 async def sim_docker_restart(request: Request, sim: Simulator) -> Response:
@@ -844,7 +848,8 @@ def _wrap(
         sim.requests[key] = sim.requests.get(key, 0) + 1
         agent = sim.frontends.agent_of(request.scope)
         stale = "stale" in request.query_params
-        hop = sim.frontends.hop(agent, kind_of(template, request.method), stale)
+        kind = kind_of(template, request.method)
+        hop = sim.frontends.hop(agent, kind, stale)
         request.state.hop = hop
         try:
             if nomad_api and sim.acl.enabled:
@@ -856,7 +861,6 @@ def _wrap(
                     # The servers resolve tokens: an uncoded RPC error.
                     raise NomadError(403, "Permission denied", origin=Origin.PLAIN)
             if nomad_api:
-                kind = kind_of(template, request.method)
                 if kind in (Kind.READ, Kind.WRITE):
                     # A forwarded write or consistent read needs the leader.
                     await sim.restarts.leader_for(

@@ -1,6 +1,6 @@
-"""Restarts of what a production cluster restarts: a node's client agent and
-its Docker daemon (Nomad v1.6.2; docs/simulator.md, "Restarts", cites the
-source for each rule).
+"""Restarts of what a production cluster restarts: servers, a node's client
+agent, its Docker daemon and its host (Nomad v1.6.2; docs/simulator.md,
+"Restarts", cites the source for each rule).
 
 A client agent restart (`agent`):
 
@@ -27,6 +27,16 @@ A Docker restart (`docker`): every running task on the node exits 137 at once
 and its client applies the restart policy (a restart in place: same
 allocation, Restarts + 1, a fresh file system; or, attempts used up, failed
 and rescheduled); the processes of its executions die with the container.
+
+A host reboot (`agent(reboot=True)`): the agent as above, and every container
+with it at once; back within the TTL, each task restarts as after a Docker
+restart.
+
+A server restart (`server`, `all_servers`): its listener, the streams and
+execs bridged through it end; agents that used it move to another after one
+dial error; losing the leader gives dial errors until the followers notice,
+then requests held for a leader (`leader_for`) until an election, which
+needs a quorum up; client updates wait for it and arrive in a burst.
 
 The sockets belong to the server that serves the simulator: it plugs in its
 `Listeners`. Without one (an in-process client), a restart does everything
@@ -102,9 +112,8 @@ class Restarts:
         self._rng = rng
         self._monotonic = monotonic
         self.listeners: Listeners | None = None
-        # Node ids whose agent is down now, and since when (monotonic).
+        # Node ids whose agent is down now.
         self.agents_down: set[str] = set()
-        self._agent_down_at: dict[str, float] = {}
         self._remote: set[ExecCut] = set()
         self._streams: dict[Subscriber, str] = {}
         self._returns: dict[str, asyncio.TimerHandle] = {}
@@ -130,7 +139,6 @@ class Restarts:
         if node.status == "down":
             raise NomadError(409, f"node {node.name} is down")
         self.agents_down.add(node.id)
-        self._agent_down_at[node.id] = self._monotonic()
         self._client.agent_down(node.id)
         self._driver.hold(node.id)
         if reboot:
@@ -169,16 +177,13 @@ class Restarts:
         if self.listeners is not None:
             await self.listeners.open(node.name)
         self.agents_down.discard(node_id)
-        self._agent_down_at.pop(node_id, None)
         self._nodes.reregister(node_id)
         self._driver.release(node_id)
         self._client.agent_up(node_id)
         if reboot:
             # The restored client finds its containers exited: each task is
             # Terminated and restarted as its policy says (a fresh container).
-            for alloc in self._store.node_allocs(node_id):
-                if alloc.client_status == RUNNING and alloc.desired_status == "run":
-                    self._client.task_exit(alloc.id, 137, oom=False)
+            self._tasks_exit(node_id)
 
     def track_exec(self, node_id: str | None, agent: Agent, hop: Hop) -> ExecCut | None:
         """An exec of an allocation on `node_id` arriving at `agent`: raises
@@ -352,8 +357,13 @@ class Restarts:
         node = self._nodes.get(node_id)
         if node.id in self.agents_down:
             raise NomadError(409, f"the agent of node {node.name} is down")
+        return self._tasks_exit(node.id)
+
+    def _tasks_exit(self, node_id: str) -> list[str]:
+        """Every running task of the node exits 137 (its container is gone)
+        and its client applies the restart policy: the allocations hit."""
         killed = []
-        for alloc in self._store.node_allocs(node.id):
+        for alloc in self._store.node_allocs(node_id):
             running = alloc.client_status == RUNNING and alloc.desired_status == "run"
             if running and self._client.task_exit(alloc.id, 137, oom=False):
                 killed.append(alloc.id)

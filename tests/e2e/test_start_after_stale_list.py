@@ -51,8 +51,8 @@ class JobListsLag(NomadClient):
         return super().list_jobs(prefix, index, wait_s)
 
 
-def test_a_start_whose_job_list_lags_still_hears_of_every_environment(sim: SimServer) -> None:
-    before = NomadClient(address=sim.address).list_jobs()
+def put_by_a_first_controller(sim: SimServer) -> None:
+    """ENV put, and its runner seen, by a controller that then stops."""
     first = start_controller(sim.address)
     try:
         first.pools.put_environment(ENV)
@@ -61,6 +61,11 @@ def test_a_start_whose_job_list_lags_still_hears_of_every_environment(sim: SimSe
         )
     finally:
         first.stop()
+
+
+def test_a_start_whose_job_list_lags_still_hears_of_every_environment(sim: SimServer) -> None:
+    before = NomadClient(address=sim.address).list_jobs()
+    put_by_a_first_controller(sim)
     assert before.index < NomadClient(address=sim.address).list_jobs().index
 
     restarted = Controller(
@@ -99,14 +104,7 @@ def test_an_environment_whose_template_cannot_be_read_yet_still_exists(sim: SimS
     is not unknown for that: it is deleted when asked (its job is
     deregistered by id), and a claim or a read of it is told to retry (500
     NOMAD_UNREACHABLE), never 404, which CodeOcean answers by putting it."""
-    first = start_controller(sim.address)
-    try:
-        first.pools.put_environment(ENV)
-        wait_until(
-            lambda: any(v.env_id == ENV.id for v in first.observer.snapshot.runners.values())
-        )
-    finally:
-        first.stop()
+    put_by_a_first_controller(sim)
     gateway = TemplatesUnreadable(sim.address)
     restarted = Controller(gateway, TEST_SETTINGS, stream_factory=stream_factory(sim.address))
     restarted.start()
