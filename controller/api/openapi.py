@@ -25,9 +25,16 @@ from pydantic import BaseModel
 
 from controller.api.auth import SECURITY_SCHEMES
 from controller.api.errors import DESCRIPTIONS
-from controller.api.models import EnvironmentRequest, ExecutionRequest, RunnerRequest
+from controller.api.models import (
+    EnvironmentRequest,
+    ExecutionRequest,
+    FileUpdate,
+    RunnerRequest,
+)
 
 REF_TEMPLATE = "#/components/schemas/{model}"
+# Every body `controller.api.body.request_body` documents (by reference).
+BODIES = (RunnerRequest, EnvironmentRequest, ExecutionRequest, FileUpdate)
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
 
@@ -58,9 +65,8 @@ def build(app: FastAPI, *, description: str, max_pool_size: int) -> dict[str, An
     schemas = components.setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
-    _add_model(schemas, RunnerRequest)
-    _add_model(schemas, EnvironmentRequest)
-    _add_model(schemas, ExecutionRequest)
+    for model in BODIES:
+        _add_model(schemas, model)
     schemas["EnvironmentRequest"]["properties"]["prewarmingPoolSize"]["maximum"] = max_pool_size
     components["securitySchemes"] = {**SECURITY_SCHEMES, **components.get("securitySchemes", {})}
     for item in schema.get("paths", {}).values():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from openapi_spec_validator import validate
+
 from tests.support.api_client import Api
 
 METHODS = ("get", "put", "post", "delete", "patch")
@@ -95,3 +97,30 @@ def test_bodies_and_answers_are_described(api: Api) -> None:
     assert "content" not in paths["/api/v1/runners/{runnerId}"]["delete"]["responses"]["204"]
     metrics = paths["/metrics"]["get"]["responses"]["200"]["content"]
     assert list(metrics) == ["text/plain"]
+
+
+def test_the_description_is_a_valid_openapi_document_whose_refs_all_resolve(api: Api) -> None:
+    """A client generator follows every `$ref`; one into a schema that is not
+    defined (the PATCH …/files body, FileUpdate, was) stops it."""
+    doc = api.client.get("/openapi.json").json()
+    validate(doc)  # raises on any schema error, an unresolvable $ref included
+    refs: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                refs.add(ref)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(doc)
+    defined = {f"#/components/schemas/{name}" for name in doc["components"]["schemas"]}
+    assert refs and refs <= defined, sorted(refs - defined)
+    body = doc["paths"]["/api/v1/runners/{runnerId}/files"]["patch"]["requestBody"]
+    assert body["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/FileUpdate"
+    }
