@@ -870,8 +870,9 @@ class Settings(BaseSettings):
     api_allowed_origins: str | None = Field(
         default=None,
         alias="NRC_API_ALLOWED_ORIGINS",
-        description="Browser origins (scheme://host[:port]) the execution WebSocket accepts, "
-        "comma-separated; unset: none. A handshake without Origin (not a browser) is accepted.",
+        description="Browser origins (scheme://host[:port]) the API and the execution "
+        "WebSocket accept, comma-separated; unset: none. A request without Origin (not a "
+        "browser) is accepted.",
         json_schema_extra=_allowed("origins such as https://lms.example, comma-separated"),
     )
 

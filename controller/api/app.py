@@ -9,10 +9,10 @@ itself: every route calls the controller, which owns all state. With
 description).
 
 Layers, outermost first: `CatchAll` (500 UNKNOWN for anything unhandled),
-`TrustedHost` (400, `guard`), `DrainGate` (503 SHUTTING_DOWN for new work
-while the replica drains), `BodyLimit` (413), `UploadGate`, FastAPI's
-exception handlers (`controller.api.errors`), token authentication on the
-protected routers, then the routes.
+`TrustedHost` (400, `guard`), `BrowserOrigin` (403, `guard`), `DrainGate`
+(503 SHUTTING_DOWN for new work while the replica drains), `BodyLimit`
+(413), `UploadGate`, FastAPI's exception handlers (`controller.api.errors`),
+token authentication on the protected routers, then the routes.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from controller.api.body import (
 )
 from controller.api.drain import Drain, DrainGate
 from controller.api.executions import WebSocketUrls
-from controller.api.guard import TrustedHost
+from controller.api.guard import BrowserOrigin, TrustedHost
 from controller.api.replicas import IssuerClient, internal_router
 from controller.api.uploads import BodyIdle, UploadGate, UploadSettings
 from controller.execution.service import Executions, NoExec
@@ -104,7 +104,7 @@ def create_app(
     """The API application; the caller runs it (uvicorn) and owns the controller.
     Without `execution`, executions end with an error frame (no Nomad exec).
     `allowed_hosts`: the trusted `Host` names (None: any); `allowed_origins`:
-    the browser origins the execution WebSocket accepts (`guard`); `issuers`:
+    the browser origins the API and its execution WebSocket accept (`guard`); `issuers`:
     how execution ids of other replicas are taken (None: ids stay local)."""
     if max_pool_size < 0:
         raise ValueError("max_pool_size must not be negative")
@@ -172,6 +172,7 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, routes=[uploads])
     if drain is not None:
         app.add_middleware(DrainGate, drain=drain, prefix=API_PREFIX)
+    app.add_middleware(BrowserOrigin, allowed=allowed_origins)
     app.add_middleware(TrustedHost, allowed=allowed_hosts)
     app.add_middleware(errors.CatchAll)
 

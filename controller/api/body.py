@@ -8,8 +8,9 @@ Nothing larger than the limit is ever held in memory.
 Bodies are parsed here rather than by FastAPI so that every failure is
 Poseidon's 400 with a message naming the field, whatever FastAPI version runs:
 invalid JSON (also NaN/Infinity, duplicate keys, nesting too deep, numbers too
-long), a body that is not an object, and any field error. Unlike Poseidon, a
-body must come with a JSON Content-Type (415 otherwise; `guard` says why).
+long), a body that is not an object, and any field error. As Poseidon does,
+a body is read as JSON whatever its Content-Type (none, `text/plain`, a
+form's): the browser defence is the request's origin (`guard`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controller.api.errors import ApiError, describe_errors, error_response
-from controller.api.guard import is_json
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB
 
@@ -135,18 +135,10 @@ def validate(model: type[M], document: Any) -> M:
         raise ApiError(400, describe_errors(errors)) from None
 
 
-def require_json(request: Request) -> None:
-    """415 unless the body is declared JSON: a browser sends other types
-    cross-site without a preflight (`guard`)."""
-    if not is_json(request.headers.get("content-type")):
-        raise ApiError(415, "the body must be sent as Content-Type: application/json")
-
-
 def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
     """A dependency reading the request body as `model`."""
 
     async def read(request: Request) -> M:
-        require_json(request)
         try:
             raw = await request.body()
         except BodyTooLarge as exc:

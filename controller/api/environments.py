@@ -69,9 +69,10 @@ def to_body(env: Environment) -> ExecutionEnvironment:
     )
 
 
-def from_body(body: EnvironmentRequest) -> Environment:
+def from_body(env_id: int, body: EnvironmentRequest) -> Environment:
+    """The environment a PUT to `env_id` asks for (`body.id`, if given, is checked)."""
     return Environment(
-        id=body.id,
+        id=env_id,
         image=body.image,
         cpu_limit=math.ceil(body.cpuLimit),
         memory_limit=body.memoryLimit,
@@ -165,7 +166,7 @@ def router(controller: Pools, dependencies: list[Any], max_pool_size: int) -> AP
         responses={
             201: {"description": "The execution environment did not exist and was created."},
             204: {"description": "The execution environment was replaced."},
-            **responses(400, 413, 415, 500, 503),
+            **responses(400, 413, 500, 503),
         },
         openapi_extra=request_body(EnvironmentRequest, "The new execution environment."),
     )
@@ -173,7 +174,7 @@ def router(controller: Pools, dependencies: list[Any], max_pool_size: int) -> AP
         executionEnvironmentId: EnvironmentId,
         body: EnvironmentBody,
     ) -> Response:
-        if body.id != executionEnvironmentId:
+        if body.id is not None and body.id != executionEnvironmentId:
             raise ApiError(
                 400,
                 f"invalid request: id: {body.id} differs from the id in the path "
@@ -185,13 +186,13 @@ def router(controller: Pools, dependencies: list[Any], max_pool_size: int) -> AP
                 f"invalid request: prewarmingPoolSize: {body.prewarmingPoolSize} exceeds "
                 f"the maximum of {max_pool_size}",
             )
-        created = controller.put_environment(from_body(body))
+        created = controller.put_environment(from_body(executionEnvironmentId, body))
         log.info(
             "%s environment %s (pool %s)",
             "created" if created else "replaced",
-            body.id,
+            executionEnvironmentId,
             body.prewarmingPoolSize,
-            extra={"environment_id": body.id},
+            extra={"environment_id": executionEnvironmentId},
         )
         return Response(status_code=201 if created else 204)
 

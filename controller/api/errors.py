@@ -221,8 +221,7 @@ DESCRIPTIONS = {
     "symbolic link on the path, which file operations never follow (for list and "
     "download: privileged ones).",
     413: "The request body exceeds its limit (1 MiB; PATCH /files: NRC_FILES_MAX_UPLOAD).",
-    403: "A browser Origin the WebSocket does not accept (NRC_API_ALLOWED_ORIGINS).",
-    415: "A body without a JSON Content-Type (application/json).",
+    403: "A request from a web page whose Origin is not in NRC_API_ALLOWED_ORIGINS.",
     429: "Too many executions wait for their WebSocket connect (per runner or in all): "
     "connect to them first.",
     416: "The Range lies beyond the end of the file (Content-Range names its size).",

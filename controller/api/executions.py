@@ -140,7 +140,7 @@ def router(
             "URLs expire). Restarts the runner's inactivity timer."
         ),
         response_model=ExecutionCreated,
-        responses=responses(400, 410, 413, 415, 429, 503),
+        responses=responses(400, 410, 413, 429, 503),
         openapi_extra=request_body(ExecutionRequest, "The command and how to run it."),
         dependencies=dependencies,
     )

@@ -31,7 +31,7 @@ from typing import IO, Any
 from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from controller.api.body import BodyTooLarge, request_body, require_json, too_large_message
+from controller.api.body import BodyTooLarge, request_body, too_large_message
 from controller.api.errors import ApiError, from_answer, responses
 from controller.api.file_params import (
     PathQuery,
@@ -135,7 +135,7 @@ def router(
         response_class=Response,
         responses={
             204: {"description": "Everything was deleted and copied."},
-            **responses(400, 409, 410, 413, 415, 500, 503),
+            **responses(400, 409, 410, 413, 500, 503),
         },
         openapi_extra=request_body(FileUpdate, "What to delete, then what to copy."),
     )
@@ -153,7 +153,6 @@ def router(
             with tempfile.TemporaryFile(prefix="nrc-upload-") as spool:
                 try:
                     await _spool(request, spool)
-                    require_json(request)  # 415, once the body is read as for any answer
                     upload = await run_in_threadpool(parse, spool.fileno(), files.upload_limits)
                 except ApiError:
                     count("copy", "bad_request")

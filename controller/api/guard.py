@@ -1,16 +1,22 @@
 """Browser defences, whatever the token: a web page the operator (or a
 developer running `dev`) opens must not drive the API.
 
-- A JSON body only with a JSON content type (415 otherwise): a browser sends
-  `text/plain`, form and multipart bodies cross-site without asking first
-  (no CORS preflight), but not `application/json`.
+- A request from a web page is refused (403, `BrowserOrigin`) unless the
+  page's origin is in the allow-list: browsers send `Origin` on every
+  cross-origin request but a no-cors GET (and on every write, form posts
+  included), and `Sec-Fetch-Site` on every request; platforms' server-side
+  clients send neither. So bodies are read as JSON whatever their
+  Content-Type, as Poseidon reads them: a `text/plain` or form post from a
+  page, which a browser sends cross-site without asking first, never gets
+  that far.
 - A trusted `Host` (400 otherwise): a page whose name an attacker re-points
   at the API's address (DNS rebinding) still sends its own name as `Host`.
 - The execution WebSocket refuses a browser `Origin` not in the allow-list
   (403); browsers always send `Origin` on a WebSocket handshake, platforms'
   server-side clients do not, so a handshake without one is allowed.
 
-The checks are pure functions; `TrustedHost` is the ASGI middleware.
+The checks are pure functions; `TrustedHost` and `BrowserOrigin` are the
+ASGI middleware.
 """
 
 from __future__ import annotations
@@ -72,15 +78,50 @@ def origin_allowed(origin: str | None, allowed: Iterable[str]) -> bool:
     return any(wanted == a.strip().lower().rstrip("/") for a in allowed)
 
 
-def is_json(content_type: str | None) -> bool:
-    """`application/json` or `application/<something>+json`, with parameters."""
-    if content_type is None:
-        return False
-    media = content_type.split(";", 1)[0].strip().lower()
-    kind, slash, subtype = media.partition("/")
-    return (
-        kind == "application" and slash == "/" and (subtype == "json" or subtype.endswith("+json"))
-    )
+# The Sec-Fetch-Site values of a request a page of another origin made.
+_OTHER_SITES = frozenset({"cross-site", "same-site"})
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def from_a_page(
+    method: str, origin: str | None, fetch_site: str | None, allowed: Iterable[str]
+) -> bool:
+    """Whether an HTTP request comes from a web page that may not use the API:
+    an `Origin` not in `allowed`, or a write a browser marks as another
+    site's (`Sec-Fetch-Site`) without naming its origin."""
+    if not origin_allowed(origin, allowed):
+        return True
+    other_site = (fetch_site or "").strip().lower() in _OTHER_SITES
+    return origin is None and other_site and method.upper() not in SAFE_METHODS
+
+
+class BrowserOrigin:
+    """ASGI middleware: an HTTP request from a web page (`from_a_page`) is
+    refused with 403 before anything else reads it. WebSocket handshakes are
+    the execution route's (it answers the same 403)."""
+
+    def __init__(self, app: ASGIApp, allowed: tuple[str, ...]) -> None:
+        self.app = app
+        self.allowed = allowed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        origin = fetch_site = None
+        for name, value in scope.get("headers") or ():
+            if name == b"origin":
+                origin = value.decode("latin-1")
+            elif name == b"sec-fetch-site":
+                fetch_site = value.decode("latin-1")
+        if not from_a_page(scope["method"], origin, fetch_site, self.allowed):
+            await self.app(scope, receive, send)
+            return
+        named = f"Origin {origin}" if origin is not None else "a request of another site"
+        refusal = error_response(
+            403, f"requests from web pages are refused: {named} is not in NRC_API_ALLOWED_ORIGINS"
+        )
+        await refusal(scope, receive, send)
 
 
 class TrustedHost:

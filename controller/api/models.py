@@ -6,6 +6,12 @@ nor a boolean from a number). The one leniency is JSON Schema's own: an
 integer field takes a number with a zero fractional part (`5.0`), since the
 published schema allows it.
 
+Where Poseidon's own clients send less than its schema asks, we take what
+Poseidon takes: an environment without `id` (the path has it; Poseidon's
+request type has none), `exposedPorts` left out, and `null` for
+`exposedPorts` and for `environment` (Go decodes `null` into an empty list
+or map).
+
 Bounds beyond Poseidon's schema guard the cluster and keep every value
 representable where it ends up (Nomad's int64 fields, nanosecond deadlines).
 """
@@ -48,9 +54,20 @@ def _integral(value: Any) -> Any:
     return value
 
 
+def _no_list(value: Any) -> Any:
+    """JSON `null` for a list: an empty one, as Go decodes it."""
+    return [] if value is None else value
+
+
+def _no_map(value: Any) -> Any:
+    """JSON `null` for an object: an empty one, as Go decodes it."""
+    return {} if value is None else value
+
+
 Integer = Annotated[int, BeforeValidator(_integral)]
 # Constraints before the validator, or pydantic leaves them out of the JSON schema.
 Port = Annotated[int, Field(ge=1, le=MAX_PORT), BeforeValidator(_integral)]
+Id = Annotated[int, Field(ge=0, le=MAX_ID), BeforeValidator(_integral)]
 
 
 class _Request(BaseModel):
@@ -77,7 +94,11 @@ class RunnerRequest(_Request):
 class EnvironmentRequest(_Request):
     """Body of `PUT /execution-environments/{id}`."""
 
-    id: Integer = Field(ge=0, le=MAX_ID, description="Must equal the id in the path.")
+    id: Id | None = Field(
+        default=None,
+        description="The id in the path; may be left out (Poseidon ignores it), but if "
+        "given must equal it.",
+    )
     image: str = Field(min_length=1, description="The OCI image runners are started from.")
     prewarmingPoolSize: Integer = Field(
         ge=0, description="Idle runners to keep ready (at most the configured maximum)."
@@ -90,12 +111,14 @@ class EnvironmentRequest(_Request):
     )
     memoryLimit: Integer = Field(gt=0, le=MAX_RESOURCE, description="Memory of one runner in MB.")
     networkAccess: bool = Field(description="Whether runners may reach the network.")
-    exposedPorts: list[Port] = Field(
+    exposedPorts: Annotated[list[Port], BeforeValidator(_no_list)] = Field(
+        default_factory=list,
         description=(
+            "Left out or `null`: none. "
             "Ports inside the runner to publish, without duplicates. Published only with "
             "networkAccess; without it the environment is stored with none."
         ),
-        json_schema_extra={"uniqueItems": True},
+        json_schema_extra={"uniqueItems": True, "type": ["array", "null"]},
     )
 
     @field_validator("exposedPorts")
@@ -135,14 +158,15 @@ class ExecutionRequest(_Request):
     privilegedExecution: bool = Field(
         default=False, description="Run as root instead of the image's unprivileged user."
     )
-    environment: dict[str, str] = Field(
+    environment: Annotated[dict[str, str], BeforeValidator(_no_map)] = Field(
         default_factory=dict,
-        description="Environment variables for the command (names: letters, digits, `_`, "
-        "not starting with a digit; not BASH_ENV, ENV, SHELLOPTS, BASHOPTS, PROMPT_COMMAND, "
-        "PS4, IFS, BASH_XTRACEFD, GLOBIGNORE, EXECIGNORE, CDPATH, GCONV_PATH, LD_*, "
-        "BASH_FUNC_*, NRC_* or NOMAD_*). Values are passed as they are, quotes and spaces "
+        description="Environment variables for the command (`null`: none; names: letters, "
+        "digits, `_`, not starting with a digit; not BASH_ENV, ENV, SHELLOPTS, BASHOPTS, "
+        "PROMPT_COMMAND, PS4, IFS, BASH_XTRACEFD, GLOBIGNORE, EXECIGNORE, CDPATH, GCONV_PATH, "
+        "LD_*, BASH_FUNC_*, NRC_* or NOMAD_*). Values are passed as they are, quotes and spaces "
         "included.",
         json_schema_extra={
+            "type": ["object", "null"],
             "propertyNames": {"pattern": f"^{ENV_NAME.pattern}$"},
             "additionalProperties": {"type": "string", "pattern": _NO_NUL},
         },

@@ -9,8 +9,8 @@ every response against it:
   wherever a parameter or a body is read;
 - request bodies are read by `controller.api.body`, so their schemas are
   added here (with `prewarmingPoolSize`'s configured maximum);
-- every operation may answer 413 (body over 1 MiB, checked before routing)
-  and 500 UNKNOWN (the catch-all);
+- every operation may answer 403 (a web page's request, `guard`), 413 (body
+  over 1 MiB, checked before routing) and 500 UNKNOWN (the catch-all);
 - with a token configured, every protected operation documents 401; both
   security schemes are always declared.
 """
@@ -80,6 +80,7 @@ def build(app: FastAPI, *, description: str, max_pool_size: int) -> dict[str, An
                 answers.setdefault("400", _error(400))
             if operation.get("security"):
                 answers.setdefault("401", _error(401))
+            answers.setdefault("403", _error(403))
             answers.setdefault("413", _error(413))
             answers.setdefault("500", _error(500))
     return schema

@@ -60,7 +60,7 @@ def router(controller: Pools, runners: ClaimedRunners, dependencies: list[Any]) 
             "An empty pool is 500 NOMAD_OVERLOAD (Poseidon's code): retry later."
         ),
         response_model=RunnerCreated,
-        responses=responses(400, 404, 413, 415, 500, 503),
+        responses=responses(400, 404, 413, 500, 503),
         openapi_extra=request_body(RunnerRequest, "The environment and the inactivity timeout."),
     )
     async def provide(body: RunnerBody) -> RunnerCreated:

@@ -159,6 +159,11 @@ def exec_failure(error: ExecError, operation: str) -> Answer:
 # -- file operations --------------------------------------------------------------------
 
 
+# Poseidon's text for a file it cannot list or read (runner.ErrFileNotFound),
+# which its e2e suite looks for in a 424's body; ours says what the runner saw after it.
+FILE_NOT_FOUND = "file not found or insufficient permissions"
+
+
 def file_failure(error: FileError) -> Answer:
     """The answer for a file operation that failed, when the runner was not
     lost. A file error's message is the runner's own (what the script saw),
@@ -166,7 +171,8 @@ def file_failure(error: FileError) -> Answer:
     if isinstance(error, ExecFailed):
         return exec_failure(error.error, "file operation")
     if isinstance(error, Unreadable):
-        return Answer(424, error.message, result="not_found", look=Look.QUIET)
+        message = f"{FILE_NOT_FOUND}: {error.message}"
+        return Answer(424, message, result="not_found", look=Look.QUIET)
     if isinstance(error, Conflict):
         return Answer(409, error.message, result="conflict", look=Look.ONCE)
     if isinstance(error, CopyFailed):

@@ -12,28 +12,37 @@ from fastapi.testclient import TestClient
 from starlette.testclient import WebSocketDenialResponse
 
 from controller.api import create_app
-from controller.api.guard import allowed_hosts, default_hosts, host_allowed, is_json, origin_allowed
+from controller.api.guard import (
+    allowed_hosts,
+    default_hosts,
+    from_a_page,
+    host_allowed,
+    origin_allowed,
+)
 from tests.support.api_client import API, environment_body
 
 
 @pytest.mark.parametrize(
-    ("value", "json_"),
+    ("method", "origin", "fetch_site", "refused"),
     [
-        ("application/json", True),
-        ("application/json; charset=utf-8", True),
-        ("Application/JSON", True),
-        ("application/problem+json", True),
-        ("text/plain", False),  # what a cross-site form or fetch sends without a preflight
-        ("application/x-www-form-urlencoded", False),
-        ("multipart/form-data; boundary=x", False),
-        ("text/json", False),
-        ("application/jsonx", False),
-        ("", False),
-        (None, False),
+        ("POST", None, None, False),  # a platform's server: no browser headers
+        ("PUT", None, None, False),
+        ("POST", "https://evil.example", "cross-site", True),  # a page's form or fetch
+        ("POST", "https://evil.example", None, True),  # an older browser: Origin only
+        ("POST", "null", "cross-site", True),  # a sandboxed page
+        ("PATCH", "https://lms.example", "cross-site", False),  # the listed origin
+        ("DELETE", None, "cross-site", True),  # a write marked another site's, no Origin
+        ("POST", None, "same-site", True),
+        ("POST", None, "same-origin", False),
+        ("POST", None, "none", False),  # typed by the user: not a page's request
+        ("GET", "https://evil.example", "cross-site", True),  # a page's CORS fetch
+        ("GET", None, "cross-site", False),  # an image: the page cannot read the answer
     ],
 )
-def test_json_content_types(value: str | None, json_: bool) -> None:
-    assert is_json(value) is json_
+def test_requests_from_web_pages(
+    method: str, origin: str | None, fetch_site: str | None, refused: bool
+) -> None:
+    assert from_a_page(method, origin, fetch_site, ["https://lms.example"]) is refused
 
 
 @pytest.mark.parametrize(
@@ -92,26 +101,30 @@ def open_app(shared: Any) -> Any:
 
 
 def test_a_cross_site_text_plain_post_is_refused(open_app: Any, env_id: int) -> None:
+    """What a page sends cross-site without a preflight (a form, a `text/plain`
+    fetch) carries its Origin: refused before the body is read. The same
+    body without browser headers, whatever its Content-Type, is Poseidon's
+    clients' and is taken."""
     client = TestClient(open_app, base_url="http://127.0.0.1:7200")
     body = json.dumps(environment_body(env_id)).encode()
+    page = {"Content-Type": "text/plain", "Origin": "https://evil.example"}
+    for headers in (page, {**page, "Sec-Fetch-Site": "cross-site"}):
+        r = client.put(f"{API}/execution-environments/{env_id}", content=body, headers=headers)
+        assert r.status_code == 403, r.text
+        assert "Origin https://evil.example" in r.json()["message"]
+    for path, method in ((f"{API}/runners", "POST"), (f"{API}/runners/1-x/files", "PATCH")):
+        r = client.request(method, path, content=b"{}", headers=page)
+        assert r.status_code == 403, (path, r.text)
+    assert client.get(f"{API}/execution-environments/{env_id}").status_code == 404
+    r = client.put(
+        f"{API}/execution-environments/{env_id}",
+        content=body,
+        headers={"Content-Type": "text/plain", "Origin": "https://lms.example"},
+    )
+    assert r.status_code == 201, r.text  # the listed origin
     for headers in ({"Content-Type": "text/plain"}, {}):
         r = client.put(f"{API}/execution-environments/{env_id}", content=body, headers=headers)
-        assert r.status_code == 415, r.text
-        assert "application/json" in r.json()["message"]
-    assert client.get(f"{API}/execution-environments/{env_id}").status_code == 404
-    r = client.post(
-        f"{API}/runners",
-        content=b'{"executionEnvironmentId": 1}',
-        headers={"Content-Type": "text/plain"},
-    )
-    assert r.status_code == 415
-    r = client.patch(
-        f"{API}/runners/1-x/files", content=b"{}", headers={"Content-Type": "text/plain"}
-    )
-    assert r.status_code == 410  # the runner first, as Poseidon answers
-    ok = {"Content-Type": "application/json"}
-    r = client.put(f"{API}/execution-environments/{env_id}", content=body, headers=ok)
-    assert r.status_code == 201
+        assert r.status_code == 204, r.text  # no browser headers: read as JSON
 
 
 def test_an_untrusted_host_is_refused(open_app: Any) -> None:

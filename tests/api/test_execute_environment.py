@@ -49,3 +49,11 @@ def test_execute_answers_400_naming_the_variable(api: Api, name: str) -> None:
 def test_path_is_allowed(api: Api) -> None:
     body = {"command": "true", "environment": {"PATH": "/opt/tool/bin:/usr/bin:/bin"}}
     assert error_of(api.client.post(f"{API}/runners/1-x/execute", json=body))[0] == 410
+
+
+def test_a_null_environment_is_none(api: Api) -> None:
+    """Go decodes `"environment": null` into an empty map: Poseidon takes it."""
+    body: dict[str, object] = {"command": "true", "environment": None}
+    assert error_of(api.client.post(f"{API}/runners/1-x/execute", json=body))[0] == 410
+    body["environment"] = []
+    assert error_of(api.client.post(f"{API}/runners/1-x/execute", json=body))[0] == 400

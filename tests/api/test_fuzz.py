@@ -73,7 +73,7 @@ CONFIG = schemathesis.Config.from_dict(
             "positive_data_acceptance": {"expected-statuses": ["2xx", "404", "410", "426", "5xx"]},
             # Invalid input is a client error, never a server error.
             "negative_data_rejection": {
-                "expected-statuses": ["400", "401", "404", "405", "410", "413", "415"]
+                "expected-statuses": ["400", "401", "403", "404", "405", "410", "413"]
             },
         },
     }

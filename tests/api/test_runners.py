@@ -263,17 +263,26 @@ def test_invalid_claim_requests_are_400(api: Api, body: bytes, expected: str) ->
     assert expected in message
 
 
-def test_a_json_content_type_is_required(api: Api, env_id: int) -> None:
-    """Unlike Poseidon: a `text/plain` body is what a browser sends cross-site
-    without asking first (issue 24, finding 4)."""
+def test_a_body_is_json_whatever_its_content_type(api: Api, env_id: int) -> None:
+    """As Poseidon reads it: its e2e helpers send no Content-Type, `curl -d`
+    sends a form's (the browser defence is the Origin: test_browser.py)."""
     api.put_environment(env_id, prewarmingPoolSize=0)
     body = dumps({"executionEnvironmentId": env_id})
-    for content_type in ("text/plain", "application/x-www-form-urlencoded"):
-        r = api.client.post(f"{API}/runners", content=body, headers={"Content-Type": content_type})
-        assert error_of(r)[0] == 415
-    for content_type in ("application/json", "application/json; charset=utf-8"):
-        r = api.client.post(f"{API}/runners", content=body, headers={"Content-Type": content_type})
-        assert error_of(r)[2] == "NOMAD_OVERLOAD"
+    for content_type in (
+        None,
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "text/html",
+        "application/json; charset=utf-8",
+    ):
+        headers: dict[str, str] = {} if content_type is None else {"Content-Type": content_type}
+        r = api.client.post(f"{API}/runners", content=body, headers=headers)
+        assert error_of(r)[2] == "NOMAD_OVERLOAD", (content_type, r.text)
+    for content_type in (None, "text/html"):
+        headers = {} if content_type is None else {"Content-Type": content_type}
+        for bad in (b"", b"<html></html>"):
+            r = api.client.post(f"{API}/runners", content=bad, headers=headers)
+            assert error_of(r)[0] == 400, (content_type, bad, r.text)
 
 
 def test_any_id_that_is_not_a_claimed_runner_is_gone(api: Api) -> None:

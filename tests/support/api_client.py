@@ -112,7 +112,7 @@ class ContractChecker:
 
 def client_for(app: FastAPI, **headers: str) -> TestClient:
     """A test client whose every response is checked against the app's OpenAPI."""
-    # Bodies are JSON (the API refuses others with 415), as platforms send them.
+    # Bodies are JSON, with its Content-Type, as platforms send them.
     client = TestClient(app, headers={"Content-Type": "application/json", **headers})
     checker = ContractChecker(app.openapi())
 
