@@ -226,6 +226,21 @@ def _lower(value: Any) -> Any:
     return value.strip().lower() if isinstance(value, str) else value
 
 
+# Poseidon's (logrus') level and formatter names, as its configuration gives them.
+_POSEIDON_LEVELS = {"TRACE": "DEBUG", "WARN": "WARNING", "FATAL": "ERROR", "PANIC": "ERROR"}
+_POSEIDON_FORMATTERS = {"textformatter": "text", "jsonformatter": "json"}
+
+
+def _log_level(value: Any) -> Any:
+    value = _upper(value)
+    return _POSEIDON_LEVELS.get(value, value) if isinstance(value, str) else value
+
+
+def _log_format(value: Any) -> Any:
+    value = _lower(value)
+    return _POSEIDON_FORMATTERS.get(value, value) if isinstance(value, str) else value
+
+
 Duration = Annotated[float, BeforeValidator(_duration)]
 Integer = Annotated[int, BeforeValidator(_integer)]
 Number = Annotated[float, BeforeValidator(_number)]
@@ -838,17 +853,23 @@ class Settings(BaseSettings):
     )
 
     # --- logging ---
-    log_level: Annotated[LogLevel, BeforeValidator(_upper)] = Field(
+    log_level: Annotated[LogLevel, BeforeValidator(_log_level)] = Field(
         default="INFO",
         alias="NRC_LOG_LEVEL",
-        description="Least severe log level written: DEBUG, INFO, WARNING or ERROR.",
-        json_schema_extra=_allowed("one of DEBUG, INFO, WARNING, ERROR (any case)"),
+        description="Least severe log level written: DEBUG, INFO, WARNING or ERROR; "
+        "Poseidon's TRACE is DEBUG, WARN WARNING, FATAL and PANIC ERROR.",
+        json_schema_extra=_allowed(
+            "one of DEBUG, INFO, WARNING, ERROR, or Poseidon's TRACE, WARN, FATAL, PANIC (any case)"
+        ),
     )
-    log_format: Annotated[LogFormat, BeforeValidator(_lower)] = Field(
+    log_format: Annotated[LogFormat, BeforeValidator(_log_format)] = Field(
         default="auto",
         alias="NRC_LOG_FORMAT",
-        description="Log line format: json, text, or auto (text on a terminal, json otherwise).",
-        json_schema_extra=_allowed("one of json, text, auto"),
+        description="Log line format: json, text, or auto (text on a terminal, json "
+        "otherwise); Poseidon's TextFormatter and JSONFormatter are text and json.",
+        json_schema_extra=_allowed(
+            "one of json, text, auto, TextFormatter, JSONFormatter (any case)"
+        ),
     )
 
     # --- security: authentication that cannot fail open, browser defences, bounds ---

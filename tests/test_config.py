@@ -247,9 +247,34 @@ def test_booleans(text: str, expected: bool) -> None:
     assert s.leader_election is expected
 
 
-@pytest.mark.parametrize(("text", "level"), [("debug", "DEBUG"), ("Warning", "WARNING")])
+@pytest.mark.parametrize(
+    ("text", "level"),
+    [
+        ("debug", "DEBUG"),
+        ("Warning", "WARNING"),
+        # Poseidon's (logrus') names, as its configuration.yaml has them
+        ("TRACE", "DEBUG"),
+        ("warn", "WARNING"),
+        ("Fatal", "ERROR"),
+        ("PANIC", "ERROR"),
+    ],
+)
 def test_log_level_any_case(text: str, level: str) -> None:
     assert load_settings({"NRC_LOG_LEVEL": text}).log_level == level
+
+
+@pytest.mark.parametrize(
+    ("text", "fmt"),
+    [("TextFormatter", "text"), ("JSONFormatter", "json"), ("jsonformatter", "json")],
+)
+def test_poseidons_log_formatters(text: str, fmt: str) -> None:
+    assert load_settings({"NRC_LOG_FORMAT": text}).log_format == fmt
+
+
+def test_an_unknown_log_level_names_the_allowed_ones() -> None:
+    with pytest.raises(ConfigError) as error:
+        load_settings({"NRC_LOG_LEVEL": "VERBOSE"})
+    assert "TRACE" in str(error.value) and "WARNING" in str(error.value)
 
 
 class FakeStream(io.StringIO):
@@ -630,9 +655,15 @@ LOCK_PATH = (
         (
             "NRC_LOG_LEVEL",
             "verbose",
-            'NRC_LOG_LEVEL: must be one of DEBUG, INFO, WARNING, ERROR (any case) (got "verbose")',
+            "NRC_LOG_LEVEL: must be one of DEBUG, INFO, WARNING, ERROR, or Poseidon's TRACE, "
+            'WARN, FATAL, PANIC (any case) (got "verbose")',
         ),
-        ("NRC_LOG_FORMAT", "xml", 'NRC_LOG_FORMAT: must be one of json, text, auto (got "xml")'),
+        (
+            "NRC_LOG_FORMAT",
+            "xml",
+            "NRC_LOG_FORMAT: must be one of json, text, auto, TextFormatter, JSONFormatter "
+            '(any case) (got "xml")',
+        ),
         # strings with rules
         (
             "NOMAD_ADDR",
@@ -688,7 +719,8 @@ LOCK_PATH = (
         (
             "NRC_LOG_FORMAT",
             "json\nNRC_OTHER",
-            'NRC_LOG_FORMAT: must be one of json, text, auto (got "json\\nNRC_OTHER")',
+            "NRC_LOG_FORMAT: must be one of json, text, auto, TextFormatter, JSONFormatter "
+            '(any case) (got "json\\nNRC_OTHER")',
         ),
     ],
 )
