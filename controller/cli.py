@@ -193,10 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print every setting (environment variable) with its current value, where "
         "the value comes from, and what it does. Tokens are never shown.",
     )
-    config.add_argument(
+    shown = config.add_mutually_exclusive_group()
+    shown.add_argument(
         "--markdown",
         action="store_true",
         help="print the README's table instead (variable, default, description)",
+    )
+    shown.add_argument(
+        "--from-poseidon",
+        metavar="FILE",
+        help="print Poseidon's configuration.yaml FILE and the POSEIDON_* variables of this "
+        "environment as our variables instead: NAME=value lines (tokens included), then a "
+        "comment for each setting that does not carry over",
     )
     return parser
 
@@ -215,9 +223,55 @@ def _settings() -> Any:
 def run_config(args: argparse.Namespace) -> int:
     from controller.config import describe, render_table
 
+    if args.from_poseidon is not None:
+        return run_from_poseidon(args.from_poseidon)
     settings = _settings()
     print(render_table(describe(settings), markdown=args.markdown))
     return 0
+
+
+def run_from_poseidon(path: str) -> int:
+    """`config --from-poseidon`: Poseidon's file and variables in our terms.
+    Our own variables need not be valid for it: it is how they are made."""
+    import os
+
+    from controller import poseidon_config
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+        from_file = poseidon_config.read_yaml(text)
+    except OSError as exc:
+        return _poseidon_file_error(path, exc.strerror or str(exc))
+    except UnicodeDecodeError:
+        return _poseidon_file_error(path, "not UTF-8 text")
+    except poseidon_config.PoseidonConfigError as exc:
+        return _poseidon_file_error(path, str(exc))
+    # The file first, then the variables: Poseidon's variables override its file.
+    migration = poseidon_config.migrate(from_file, poseidon_config.read_environ(os.environ))
+    print(poseidon_config.render(migration), end="")
+    for problem in refusals(migration.variables()):
+        print(f"# not accepted as is: {problem}")
+    return 0
+
+
+def _poseidon_file_error(path: str, why: str) -> int:
+    print(f"nomad-runner-controller: --from-poseidon {path}: {why}", file=sys.stderr)
+    return 2
+
+
+def refusals(variables: dict[str, str]) -> list[str]:
+    """What `run` would refuse in these variables alone (a Poseidon token
+    shorter than ours allow, a file not found from here): our own checks'
+    lines, which never show a secret."""
+    from controller.config import ConfigError, load_settings
+
+    try:
+        settings = load_settings(variables)
+    except ConfigError as exc:
+        return list(exc.problems)
+    problem = settings.open_api_problem()
+    return [problem] if problem is not None else []
 
 
 def run_sim(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import secrets
 import shlex
 import signal
@@ -47,6 +48,7 @@ from controller.nomad.exec import ExecClient
 from controller.nomad.nodes import NodeDirectory
 from controller.nomad.stream import EventStream
 from controller.nomad.template_file import load_template_file
+from controller.poseidon_config import startup_warnings
 from controller.reconcile.loop import (
     EVENT_TOPICS,
     Controller,
@@ -359,8 +361,17 @@ def _secrets(settings: Settings) -> list[str]:
     return [s for s in (settings.api_auth_token, nomad, replica) if s]
 
 
+def _warn_about_poseidon_variables() -> None:
+    """POSEIDON_* variables are never applied (one way to configure the
+    controller, not two), but whoever set them meant something: say, once
+    each, what it is called here."""
+    for line in startup_warnings(os.environ):
+        log.warning("%s", line)
+
+
 def run(settings: Settings) -> int:
     configure_logging(settings.log_level, settings.effective_log_format, _secrets(settings))
+    _warn_about_poseidon_variables()
     log.info("controller against Nomad at %s", settings.nomad_addr)
     if settings.api_token is None:
         log.warning(
@@ -390,6 +401,7 @@ def dev(settings: Settings, topology: dict[str, Any] | None = None) -> int:
     if settings.api_token is None:
         settings = replace_settings(settings, api_token=SecretStr(secrets.token_urlsafe(24)))
     configure_logging(settings.log_level, settings.effective_log_format, _secrets(settings))
+    _warn_about_poseidon_variables()
     sim = SimServer(
         SimConfig(nodes=3, startup_delay_ms=500.0, stop_delay_ms=200.0, **(topology or {}))
     )
