@@ -45,6 +45,7 @@ from controller.nomad import jobs, wire
 from controller.nomad.connection import NomadConnection, RequestHook, report_request
 from controller.nomad.decode import decode_allocation, decode_allocations, decode_job_stubs
 from controller.nomad.errors import (
+    TRANSIENT,
     IndexConflict,
     Kind,
     LockHeld,
@@ -341,14 +342,44 @@ class NomadClient:
             raise NomadAPIError(reply.status, f"parse answered {reply.excerpt()!r}")
         return reply.body
 
-    def deregister_job(self, job_id: str, purge: bool = True) -> WriteResult:
+    def deregister_job(
+        self, job_id: str, purge: bool = True, ride_through: bool = False
+    ) -> WriteResult:
+        """Deregister (and purge) a job; with `ride_through`, retried as the
+        EnforceIndex registers are (deregistering is idempotent). A purge
+        whose last answer was an error of unknown outcome (`rpc error: EOF`:
+        the leader died with the write in flight, perhaps committed) is read
+        back: a job Nomad no longer has was deregistered."""
         params = {"purge": "true"} if purge else {}
-        reply = self._call(
-            "deregister_job",
-            lambda: self._job.request(_segment(job_id), method="delete", params=dict(params)),
-        )
+        try:
+            reply = self._call(
+                "deregister_job",
+                lambda: self._job.request(_segment(job_id), method="delete", params=dict(params)),
+                retrying=self._enforced_retrying if ride_through else None,
+            )
+        except (NomadUnavailable, NomadAPIError) as exc:
+            if not purge or (isinstance(exc, NomadAPIError) and exc.kind not in TRANSIENT):
+                raise
+            gone_at = self._gone_at(job_id)
+            if gone_at is None:
+                raise
+            log.info("deregistration of job %s had landed before its answer failed", job_id)
+            return WriteResult(index=gone_at, job_modify_index=0)
         answer = reply.body if isinstance(reply.body, dict) else {}
         return WriteResult(index=int(answer.get("Index") or reply.index), job_modify_index=0)
+
+    def _gone_at(self, job_id: str) -> int | None:
+        """The index at which Nomad answers that it has no job `job_id`, or
+        None while it has it (or cannot say)."""
+        try:
+            reply = self._call(
+                "get_job",
+                lambda: self._job.request(_segment(job_id), method="get"),
+                final=lambda status, _: "ok" if status == 404 else None,
+            )
+        except (NomadUnavailable, NomadAPIError):
+            return None
+        return reply.index if reply.status == 404 else None
 
     # -- variable locks ------------------------------------------------------------
 

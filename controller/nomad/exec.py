@@ -649,10 +649,19 @@ class ExecClient:
         except InvalidStatus as exc:
             body = exc.response.body or b""
             raise exec_refusal(exc.response.status_code, body.decode("utf-8", "replace")) from None
-        except (OSError, InvalidHandshake, TimeoutError, EOFError, AssertionError) as exc:
+        except (
+            OSError,
+            InvalidHandshake,
+            ConnectionClosed,
+            TimeoutError,
+            EOFError,
+            AssertionError,
+        ) as exc:
             # AssertionError: websockets' client asserts on an answer it
             # could not read whole (a 429 whose connection Nomad closes at
-            # once). All of these: refused or cut before the upgrade.
+            # once). ConnectionClosed: the connection was reset before the
+            # request went out (an agent restarting resets what it accepted).
+            # All of these: refused or cut before the upgrade.
             sock.close()
             raise ExecUnreachable(f"could not reach Nomad for exec: {exc!r}") from None
         # Outside the try: this is our own wiring, never "Nomad unreachable".

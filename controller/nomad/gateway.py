@@ -104,8 +104,12 @@ class NomadGateway(Protocol):
         otherwise IndexConflict."""
         ...
 
-    def deregister_job(self, job_id: str, purge: bool = True) -> WriteResult:
-        """Stop (and with purge, delete) a job. A missing job is not an error."""
+    def deregister_job(
+        self, job_id: str, purge: bool = True, ride_through: bool = False
+    ) -> WriteResult:
+        """Stop (and with purge, delete) a job. A missing job is not an error.
+        `ride_through`: a client waits for it (a release), so transient errors
+        are retried through a leader election, as a claim's write is."""
         ...
 
     def lock_acquire(self, path: str, ttl_s: float, lock_delay_s: float) -> Lock:

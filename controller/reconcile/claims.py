@@ -518,7 +518,7 @@ class Claims:
             return False
         self._expectations.expect_delete(view.env_id, runner_id)
         try:
-            result = self._gateway.deregister_job(runner_id, purge=True)
+            result = self._gateway.deregister_job(runner_id, purge=True, ride_through=True)
         except Exception:
             self._expectations.delete_failed(runner_id)
             raise

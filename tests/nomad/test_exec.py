@@ -16,8 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosedError
 from websockets.http11 import Response
 
+from controller.nomad import exec as exec_module
 from controller.nomad.connection import NomadConnection
 from controller.nomad.exec import (
     MERGE_BYTES,
@@ -28,6 +30,7 @@ from controller.nomad.exec import (
     ExecEvent,
     ExecForbidden,
     ExecRejected,
+    ExecUnreachable,
     Exited,
     Output,
     StreamClosed,
@@ -211,6 +214,23 @@ async def test_an_http_refusal_before_the_upgrade(nomad: tuple[Nomad, ExecClient
     with pytest.raises(ExecRejected) as raised:
         await collect(client)
     assert (raised.value.code, raised.value.reason) == (500, "failed to parse command")
+
+
+@pytest.mark.anyio
+async def test_a_connection_reset_before_the_upgrade_is_unreachable(
+    nomad: tuple[Nomad, ExecClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What an agent restarting does to a connection it had just accepted:
+    websockets finds it closed when it sends the request (chaos seed 143
+    met it as an unhandled error in a download)."""
+    _, client = nomad
+
+    async def reset(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionClosedError(None, None, None)
+
+    monkeypatch.setattr(exec_module.websockets, "connect", reset)
+    with pytest.raises(ExecUnreachable):
+        await collect(client)
 
 
 @pytest.mark.anyio

@@ -6,7 +6,8 @@ fault). The retry of an EnforceIndex register whose first try was committed
 conflicts with that try: both writers (the claims' `AsyncJobWriter` and
 `NomadClient`) then read the job back, and take it as their own write when
 it holds what they sent (`jobs.landed`); a change of another writer stays a
-conflict."""
+conflict. A release's purge whose every try was answered `rpc error: EOF`
+is read back too: a job Nomad no longer has was deregistered."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from controller.nomad import jobs
 from controller.nomad.aclient import AsyncJobWriter
 from controller.nomad.client import NomadClient
 from controller.nomad.connection import NomadConnection
+from controller.nomad.errors import NomadAPIError
 from controller.nomad.gateway import IndexConflict, WriteResult
 from nomadsim import SimServer
 from tests.helpers import Http, runner_job
@@ -121,6 +123,24 @@ def test_another_writers_change_meanwhile_stays_a_conflict(server: SimServer, ki
     with pytest.raises(IndexConflict):
         register_with(kind, server.address, outcomes)(claimed("1-c", "3"), first.job_modify_index)
     assert Http(server.address).get("/v1/job/1-c")["Meta"]["nrc_claimed_at"] == "other"
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_a_purge_answered_eof_every_time_is_read_back(server: SimServer, applied: bool) -> None:
+    NomadClient(address=server.address).register_job(runner_job("1-d"), enforce_index=0)
+    outcomes = Outcomes()
+    client = NomadClient(
+        address=server.address, retry_attempts=2, retry_max_wait_s=0.01, on_request=outcomes
+    )
+    eof_once(server, applied=applied)
+    if applied:
+        client.deregister_job("1-d", purge=True)  # no error: it was deregistered
+        assert Http(server.address).request("GET", "/v1/job/1-d").status_code == 404
+    else:
+        with pytest.raises(NomadAPIError, match="EOF"):
+            client.deregister_job("1-d", purge=True)
+        assert Http(server.address).request("GET", "/v1/job/1-d").status_code == 200
+    assert outcomes.of("deregister_job") == [("error", "500"), ("error", "500")]
 
 
 def _job(meta: dict[str, str] | None, group_meta: dict[str, str] | None) -> dict[str, Any]:

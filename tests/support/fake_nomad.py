@@ -352,7 +352,9 @@ class FakeNomad:
         self.writes.append(Write("register", job_id, self.index, copy.deepcopy(job)))
         return WriteResult(self.index, self.index)
 
-    def deregister_job(self, job_id: str, purge: bool = True) -> WriteResult:
+    def deregister_job(
+        self, job_id: str, purge: bool = True, ride_through: bool = False
+    ) -> WriteResult:
         if self.before_deregister is not None:
             self.before_deregister(job_id)
         self.index += 1
