@@ -135,6 +135,7 @@ def create_app(
             API_PREFIX,
             allowed_origins,
             issuers,
+            drain,
         ),
         prefix=API_PREFIX,
     )

@@ -8,7 +8,11 @@ cutting a student off"):
    executions (`POST /execute`) and new file operations answer 503
    `SHUTTING_DOWN` with `Retry-After`, which a client retries on another
    replica. Everything else (reads, releases, environments, the WebSocket of
-   an execution already asked for) is still served.
+   an execution already asked for) is still served — but when replicas
+   share execution ids, a WebSocket is taken only for an execution whose
+   time limit ends before the grace does (`Drain.finishes`): any other is
+   refused with 503 `SHUTTING_DOWN` before the upgrade, and the balancer's
+   retry reaches a replica that takes the id from this one.
 2. The replica steps down: the prewarm history is saved and the leader lock
    released, so a follower takes over pool upkeep within about a second
    instead of a lock TTL.
@@ -54,6 +58,8 @@ class Drain:
 
     def __init__(self) -> None:
         self.draining = False
+        # When the grace ends (the event loop's time), once the drain began.
+        self.deadline: float | None = None
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -62,8 +68,18 @@ class Drain:
     def in_flight(self) -> int:
         return self._in_flight
 
-    def begin(self) -> None:
+    def begin(self, deadline: float | None = None) -> None:
         self.draining = True
+        self.deadline = deadline
+
+    def finishes(self, time_limit_s: float, now: float) -> bool:
+        """Whether an execution with this time limit (0: none), started now,
+        ends before the grace does."""
+        if not self.draining:
+            return True
+        if self.deadline is None or time_limit_s <= 0:
+            return False
+        return now + time_limit_s <= self.deadline
 
     def enter(self) -> None:
         self._in_flight += 1
@@ -152,9 +168,9 @@ async def run_drain(
     """Steps 1-3 of the protocol; True when everything ended within the grace.
     `ids_waiting`: how many execution ids issued here still wait to be taken
     (the store is another thread's, so it is read every `poll_s`)."""
-    drain.begin()
-    await step_down()
     loop = asyncio.get_running_loop()
+    drain.begin(loop.time() + grace_s)
+    await step_down()
     deadline = loop.time() + grace_s
     if ids_waiting is not None:
         # Ids leave by takes on worker threads and by expiring, which nothing

@@ -16,6 +16,7 @@ replica that issued it (`controller.api.replicas`) and run here.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -26,6 +27,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from controller.api.auth import headers_offer
 from controller.api.body import json_body, request_body
+from controller.api.drain import RETRY_AFTER_S, SHUTTING_DOWN_MESSAGE, Drain
 from controller.api.errors import (
     ApiError,
     error_response,
@@ -129,6 +131,7 @@ def router(
     prefix: str,
     allowed_origins: tuple[str, ...] = (),
     issuers: IssuerClient | None = None,
+    drain: Drain | None = None,
 ) -> APIRouter:
     api = APIRouter(prefix="/runners", tags=["runner"])
 
@@ -190,9 +193,25 @@ def router(
         if api_token is not None and not headers_offer(websocket.headers, api_token):
             await _deny(websocket, ApiError(401, "authentication required: send the API token"))
             return
+        execution_id = websocket.query_params.get("executionID", "")
+        if drain is not None and issuers is not None and drain.draining:
+            # Ids are shared: one this replica cannot run to its end goes to
+            # a replica that can (the balancer's retry), which takes it from here.
+            pending = store.peek(runnerId, execution_id)
+            limit = pending.request.time_limit_s if pending is not None else 0
+            if not drain.finishes(limit, asyncio.get_running_loop().time()):
+                await _deny(
+                    websocket,
+                    ApiError(
+                        503,
+                        f"{SHUTTING_DOWN_MESSAGE}: its time limit would outlast the drain",
+                        ErrorCode.SHUTTING_DOWN,
+                        headers={"Retry-After": str(RETRY_AFTER_S)},
+                    ),
+                )
+                return
         try:
             view = await runners.claimed_async(runnerId)
-            execution_id = websocket.query_params.get("executionID", "")
             execution = store.take(runnerId, execution_id)
             if execution is None and issuers is not None:
                 execution = await issuers.take(runnerId, execution_id)

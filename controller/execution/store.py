@@ -123,6 +123,14 @@ class ExecutionStore:
             del self._pending[execution_id]
             return execution
 
+    def peek(self, runner_id: str, execution_id: str) -> Execution | None:
+        """The execution `take` would answer, left in place."""
+        now = self._clock.monotonic()
+        with self._lock:
+            self._drop_expired(now)
+            execution = self._pending.get(execution_id)
+            return execution if execution is not None and execution.runner_id == runner_id else None
+
     def waiting(self) -> int:
         """Ids that may still be taken (the expired ones dropped)."""
         now = self._clock.monotonic()

@@ -5,11 +5,13 @@ while the replica drains. Two replicas end to end: tests/e2e/test_replica_execut
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from starlette.testclient import WebSocketDenialResponse
 
 from controller.api import create_app
 from controller.api.drain import Drain
@@ -156,3 +158,39 @@ def test_an_answer_becomes_the_execution_to_run_here() -> None:
     assert execution is not None
     assert (execution.id, execution.runner_id) == ("the-id", RUNNER)
     assert execution.request == ExecutionRequest("x", 3, False, {"A": "1"})
+
+
+def _connect_while_draining(time_limit_s: int, grace_left_s: float) -> tuple[int, str]:
+    """A WebSocket for an execution of this time limit, on a replica whose
+    drain has `grace_left_s` of its grace left: the denial's status and code."""
+    drain = Drain()
+    client, execution = issuer(drain)
+    drain.begin(deadline=None)
+    stored = execution.store.add(RUNNER, ExecutionRequest("sleep 1", time_limit_s, False, {}))
+    with client:
+        assert client.portal is not None
+        loop_time = client.portal.call(_loop_time)  # the app's event loop clock
+        drain.deadline = loop_time + grace_left_s
+        url = f"/api/v1/runners/{RUNNER}/websocket?executionID={stored.id}"
+        headers = {"Authorization": "Bearer api-token-0123456789"}
+        with (
+            pytest.raises(WebSocketDenialResponse) as denied,
+            client.websocket_connect(url, headers=headers),
+        ):
+            pass
+    body = denied.value.json()
+    return denied.value.status_code, str(body.get("errorCode"))
+
+
+async def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
+def test_a_draining_replica_takes_only_websockets_it_can_finish() -> None:
+    """Issue 47: a WebSocket whose execution would outlast the grace is 503
+    SHUTTING_DOWN before the upgrade (a balancer retries it on a replica that
+    takes the id from here); one that ends within the grace goes on to its
+    runner, as without a drain (this replica has not observed Nomad: NOT_LEADER)."""
+    assert _connect_while_draining(30, grace_left_s=10) == (503, "SHUTTING_DOWN")
+    assert _connect_while_draining(0, grace_left_s=10) == (503, "SHUTTING_DOWN")  # no limit
+    assert _connect_while_draining(5, grace_left_s=10) == (503, "NOT_LEADER")
