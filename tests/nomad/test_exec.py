@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import websockets
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from websockets.asyncio.server import ServerConnection, serve
@@ -19,7 +20,6 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosedError
 from websockets.http11 import Response
 
-from controller.nomad import exec as exec_module
 from controller.nomad.connection import NomadConnection
 from controller.nomad.exec import (
     MERGE_BYTES,
@@ -228,7 +228,7 @@ async def test_a_connection_reset_before_the_upgrade_is_unreachable(
     async def reset(*args: Any, **kwargs: Any) -> None:
         raise ConnectionClosedError(None, None, None)
 
-    monkeypatch.setattr(exec_module.websockets, "connect", reset)
+    monkeypatch.setattr(websockets, "connect", reset)
     with pytest.raises(ExecUnreachable):
         await collect(client)
 
