@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nomadsim import SimServer
+from nomadsim.errors import NomadError
+from tests.chaos.executions import Outcome, execute, judge_execution
 from tests.chaos.harness import (
     RUNNER_ID,
     Answer,
@@ -44,17 +46,23 @@ from tests.chaos.harness import (
     config_meta,
 )
 from tests.chaos.scenario import (
+    HEARTBEAT_TTL_S,
     OPERATOR,
     Action,
     Claim,
     DeleteEnv,
     Drain,
+    Execute,
     KillTask,
+    ListFiles,
     NodeDown,
     NodeUp,
     PutEnv,
     Release,
+    RestartAgent,
     RestartController,
+    RestartDocker,
+    RestartServer,
     Scenario,
     SetFaults,
     Step,
@@ -62,9 +70,15 @@ from tests.chaos.scenario import (
     Touch,
     Undrain,
 )
+from tests.helpers import wait_until
 
 LOST = re.compile(r"was lost: (\w+)")
 NO_LEADER = "No cluster leader"
+# What Nomad answers while a server or the operator's agent restarts: the
+# write did not happen (or, `rpc error`, may have; the operator's are idempotent).
+RESTARTING = (NO_LEADER, "rpc error", "failed to get conn", "No path to node")
+# How long the operator repeats a call that meets a restart.
+RESTART_RIDE_S = 30.0
 # The file every claim writes into its runner, and how long the client tries to
 # write it while the controller does not answer definitively (restarting, Nomad failing).
 MARKER_PATH = "nrc-marker"
@@ -73,12 +87,16 @@ MARKER_WRITE_TIMEOUT_S = 10.0
 STALE_LAG_MAX_S = 1.0
 # How a violation of "no silent reset" seen on the runner's files is named.
 DATA = "invariant 3 (data)"
+# How a violation seen on an execution's frames is named.
+EXEC = "invariant 7 (executions)"
 FAULTS_OFF = {
     "http_error_rate": 0.0,
     "http_latency_ms": 0.0,
     "stale_read_rate": 0.0,
     "event_duplicate_rate": 0.0,
     "event_stream_cut_every": 0,
+    "event_stream_stall": False,
+    "write_eof_rate": 0.0,
     "heartbeat_loss": False,
     "migration_ordering": "production",
 }
@@ -99,6 +117,10 @@ class FaultLog:
     stopped: set[str] = field(default_factory=set)
     drained: set[str] = field(default_factory=set)
     down: set[str] = field(default_factory=set)
+    # Nodes whose Docker restarted (or whose host rebooted): their tasks restarted.
+    restarted: set[str] = field(default_factory=set)
+    # When the controller was killed or drained (monotonic).
+    controller_gone: list[float] = field(default_factory=list)
     # When Nomad's reads could lag (the stale_reads fault): [on, off] in monotonic
     # time, widened by the fault's longest lag; off is None while it is on.
     stale_reads: list[tuple[float, float | None]] = field(default_factory=list)
@@ -132,7 +154,18 @@ class FaultLog:
                 out |= {"migrated", "lost"}
             if node_id in self.down:
                 out |= {"lost", "rescheduled"}
+            if node_id in self.restarted:
+                out |= {"restarted", "rescheduled", "lost"}
             return out
+
+    def controller_went(self, start: float, end: float) -> bool:
+        """Whether the controller was killed or drained from `start` to `end`."""
+        with self._lock:
+            return any(start <= t <= end for t in self.controller_gone)
+
+    def controller_stops(self) -> None:
+        with self._lock:
+            self.controller_gone.append(time.monotonic())
 
 
 @dataclass
@@ -166,6 +199,8 @@ class Book:
         self.violations: list[str] = []
         self.counts: Counter[str] = Counter()
         self.losses: dict[str, str] = {}  # runner id → the loss reason its client was told
+        # Every execution that started, and whether the controller went during it.
+        self.executions: list[tuple[Outcome, bool]] = []
 
     def violation(self, text: str) -> None:
         with self._lock:
@@ -244,6 +279,18 @@ class Book:
         self.violation(
             f"runner {rid} of {held.client}: unexpected answer {answer.status} {answer.body!r}"
         )
+
+    def ran(self, held: Held, out: Outcome) -> None:
+        """Check one execution on a held runner (tests/chaos/executions.py)."""
+        went = self.faults.controller_went(out.began, out.ended + 0.5)
+        terminal = out.terminal()
+        end = terminal[0]["type"] if terminal else "none"
+        with self._lock:
+            self.executions.append((out, went))
+            self.counts["executions"] += 1
+            self.counts[f"execution_end:{end}"] += 1
+        for problem in judge_execution(out, went):
+            self.violation(f"{EXEC}: runner {held.runner_id} of {held.client}: {problem}")
 
     def marked(self, held: Held, content: bytes, sent: float) -> None:
         """Its marker was written (204): from now on it must read back."""
@@ -495,6 +542,48 @@ class Client(Actor):
                 self.touch(runner)
             else:
                 self.release(runner)
+        elif isinstance(action, Execute | ListFiles):
+            usable = [h for h in self.book.holding(self.name) if not h.lost_reason]
+            if not usable and isinstance(action, Execute):
+                self.claim(self.api, Claim(action.env_id, 0))
+                usable = [h for h in self.book.holding(self.name) if not h.lost_reason]
+            if not usable:
+                return
+            runner = usable[action.pick % len(usable)]
+            if isinstance(action, Execute):
+                self.run_program(runner, action)
+            else:
+                self.list_files(runner)
+
+    def run_program(self, held: Held, action: Execute) -> None:
+        """Run a program on the runner and judge its frames; then its marker
+        must still read back (an execution resets nothing), or the runner
+        answers 410 with its loss."""
+        sent = time.monotonic()
+        out = execute(self.api, held.runner_id, action.program, action.code)
+        if out.start == 200:
+            self.book.ran(held, out)
+        elif out.start in (0, 500, 503):
+            self.book.count(f"execute:{out.start}")  # no answer, Nomad failing, not ready
+        else:
+            self.book.judge(held, sent, Answer(out.start, out.start_body))
+        if not held.lost_reason:
+            read_marker(self.api, self.book, held)
+
+    def list_files(self, held: Held) -> None:
+        """List the runner's files: once its marker is written, the listing
+        must name it (judged as a read of the marker is)."""
+        if held.marker is None or held.gone or held.reset_seen:
+            return
+        sent = time.monotonic()
+        answer = self.api.call("GET", f"/api/v1/runners/{held.runner_id}/files?path=./")
+        if answer.status == 200:
+            files = answer.body.get("files") if isinstance(answer.body, dict) else None
+            names = [str(f.get("name", "")) for f in files or [] if isinstance(f, dict)]
+            found = any(n.rsplit("/", 1)[-1] == MARKER_PATH for n in names)
+            self.book.count("listed")
+            answer = Answer(200, held.marker if found else f"a listing of {names}".encode())
+        self.book.judge_marker(held, sent, answer)
 
     def claim(self, api: Api, action: Claim) -> None:
         sent = time.monotonic()
@@ -619,7 +708,10 @@ class Operator(Actor):
                 return
             self.faults.add("stopped", alloc)
             self.nomad_write(f"/v1/allocation/{alloc}/stop", None, gone_ok=True)
+        elif isinstance(action, RestartAgent | RestartDocker | RestartServer):
+            self.restart(action)
         elif isinstance(action, RestartController):
+            self.faults.controller_stops()
             if action.graceful:
                 self.controller.drain()
             else:
@@ -634,26 +726,68 @@ class Operator(Actor):
             if "stale_read_rate" in values and not values["stale_read_rate"]:
                 self.faults.reads_lag(False, time.monotonic())
 
+    def restart(self, action: RestartAgent | RestartDocker | RestartServer) -> None:
+        """A restart of the maintenance night, made on the simulator's loop (the
+        agent the operator's HTTP goes through may be the one restarted). One
+        that Nomad's state refuses (409: the node is down, its agent or a
+        server already restarting) is skipped."""
+        sim = self.server.sim
+        restarts = sim.restarts
+        try:
+            if isinstance(action, RestartServer):
+                if action.which == "all":
+                    self.server.call(lambda: restarts.all_servers(action.down))
+                    return
+                view = self.server.call(restarts.servers_view)
+                leader = view["Leader"]
+                followers = sorted(str(n) for n in view["Servers"] if n != leader)  # type: ignore[attr-defined]
+                name = str(leader) if action.which == "leader" and leader else followers[0]
+                self.server.call(lambda: restarts.server(name, action.down))
+                return
+            node = self.node_id(action.node)
+            if isinstance(action, RestartDocker):
+                self.faults.add("restarted", node)
+                self.server.call(lambda: restarts.docker(node))
+                return
+            if action.reboot:
+                self.faults.add("restarted", node)
+            if action.down > HEARTBEAT_TTL_S:
+                self.faults.add("down", node)
+            self.server.call(lambda: restarts.agent(node, action.down, reboot=action.reboot))
+        except NomadError as exc:
+            if exc.status != 409:
+                raise
+            self.skipped[type(action).__name__] += 1
+
     # -- helpers ---------------------------------------------------------------------
 
     def sim_call(self, method: str, path: str, body: Any = None) -> Answer:
-        answer = self.nomad.call(method, path, body)
-        if answer.status != 200:
-            raise RuntimeError(f"{method} {path}: {answer.status} {answer.body!r}")
-        return answer
+        """A `/_sim` call, repeated while the operator's agent restarts."""
+        deadline = time.monotonic() + RESTART_RIDE_S
+        while True:
+            answer = self.nomad.call(method, path, body)
+            if answer.status == 200:
+                return answer
+            if answer.status != 0 or time.monotonic() > deadline:
+                raise RuntimeError(f"{method} {path}: {answer.status} {answer.body!r}")
+            pause(self.stop, 0.05)
 
     def nomad_write(self, path: str, body: Any, gone_ok: bool = False) -> None:
         """A Nomad write, repeated while Nomad answers 'No cluster leader' (a fault
-        the scenario injects; that answer means the write did not happen). With
-        `gone_ok`, a 404 (the allocation was deleted since it was picked) is fine."""
-        for _ in range(50):
+        the scenario injects) or a restart is in the way (`RESTARTING`, no
+        answer). With `gone_ok`, a 404 (the allocation was deleted since it
+        was picked) is fine."""
+        deadline = time.monotonic() + RESTART_RIDE_S
+        while True:
             answer = self.nomad.call("POST", path, body)
             if answer.status == 200 or (gone_ok and answer.status == 404):
                 return
-            if not (answer.status == 500 and NO_LEADER in str(answer.body)):
+            restarting = answer.status == 0 or (
+                answer.status == 500 and any(text in str(answer.body) for text in RESTARTING)
+            )
+            if not restarting or time.monotonic() > deadline:
                 raise RuntimeError(f"POST {path}: {answer.status} {answer.body!r}")
             pause(self.stop, 0.02)
-        raise RuntimeError(f"POST {path}: no leader for 50 attempts")
 
     def undrain(self, node: str) -> None:
         self.nomad_write(f"/v1/node/{node}/drain", {"DrainSpec": None, "MarkEligible": True})
@@ -756,8 +890,16 @@ class Operator(Actor):
             pause(self.stop, 0.05)
 
     def quiesce(self) -> None:
-        """Stop every fault: Nomad behaves, every node is up and eligible."""
+        """Stop every fault: Nomad behaves, every restart is over (agents and
+        servers back, a leader elected), every node is up and eligible."""
         self.sim_call("PUT", "/_sim/faults", FAULTS_OFF)
+        restarts = self.server.sim.restarts
+
+        def over() -> bool:
+            view = self.server.call(restarts.servers_view)
+            return not self.server.call(lambda: set(restarts.agents_down)) and bool(view["Leader"])
+
+        wait_until(over, timeout=RESTART_RIDE_S, interval=0.05)
         for index in range(len(self.server.sim.store.nodes)):
             node = self.node_id(index)
             self.sim_call("POST", f"/_sim/node/{node}/up")

@@ -14,7 +14,11 @@ The invariants (docs/reliability.md has the full text):
    ready idle runners and Nomad holds nothing else but claims and lost
    runners on their way out (no leaks);
 5. runner jobs created ≤ pool increases + claims + replacements;
-6. the invariant-violation counter stays 0 and no ERROR line is logged.
+6. the invariant-violation counter stays 0 and no ERROR line is logged;
+7. every execution ends as its program did, with exactly one terminal frame,
+   and none of its processes outlives it by more than a bound
+   (tests/chaos/executions.py); a listing after the claim's marker was
+   written names it, as a download reads it (invariant 3 (data)).
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nomadsim import SimConfig, SimServer
-from tests.chaos.actors import Book, Client, FaultLog, Operator, read_marker
+from tests.chaos.actors import EXEC, Book, Client, FaultLog, Operator, read_marker
+from tests.chaos.executions import PROCESS_BOUND_S, alive_runs
 from tests.chaos.harness import (
     Api,
     ControllerProcess,
@@ -37,7 +42,14 @@ from tests.chaos.harness import (
     NomadState,
     nomad_state,
 )
-from tests.chaos.scenario import DeleteEnv, EnvSpec, PutEnv, Scenario, generate
+from tests.chaos.scenario import (
+    HEARTBEAT_TTL_S,
+    DeleteEnv,
+    EnvSpec,
+    PutEnv,
+    Scenario,
+    generate,
+)
 from tests.helpers import wait_until
 from tests.support.sim import TOPOLOGY
 
@@ -59,6 +71,14 @@ def sim_config(scenario: Scenario) -> SimConfig:
         # Runner templates: restart delay 15 s ⇒ 750 ms, reschedule delay 1 m ⇒ 3 s
         # (doubling to 4 m ⇒ 12 s); a batch default of 5 s ⇒ 250 ms.
         time_scale=0.05,
+        # The restarts (nomadsim/restarts.py) at a tenth of production's pace,
+        # or less: a heartbeat TTL that a long agent restart outlasts, a
+        # notice, an election and a hold for a leader.
+        heartbeat_ttl_ms=HEARTBEAT_TTL_S * 1000,
+        failover_heartbeat_ttl_ms=4000.0,
+        leader_notice_ms=200.0,
+        election_ms=500.0,
+        rpc_hold_ms=1000.0,
         **TOPOLOGY,
     )
 
@@ -101,6 +121,11 @@ class ChaosResult:
         losses = ",".join(
             f"{k.split(':', 1)[1]}={v}" for k, v in sorted(self.counts.items()) if "lost:" in k
         )
+        ends = ",".join(
+            f"{k.split(':', 1)[1]}={v}"
+            for k, v in sorted(self.counts.items())
+            if k.startswith("execution_end:")
+        )
         return (
             f"seed {self.seed:4}: converged in {conv}, {self.steps} steps, "
             f"{self.controller_starts} controller starts, {self.counts['claimed']} claims, "
@@ -109,6 +134,7 @@ class ChaosResult:
             f"markers: {self.counts['marker_written']} written, "
             f"{self.counts['marker_read']} read back; open file route issues: "
             f"{self.counts['marker_stale_reread']} reads answered 424 after a stale re-read; "
+            f"executions: {self.counts['executions']} [{ends}], {self.counts['listed']} listings; "
             f"{self.total_s:.1f}s in all"
         )
 
@@ -283,6 +309,7 @@ class ChaosRun:
                 + "; ".join(last)
             )
         self._check_clients(api)
+        self._check_processes()
         self.book.check_losses()
         self._check_nomad(nomad_state(self.server))
         self._check_bound(expected)
@@ -296,6 +323,32 @@ class ChaosRun:
             sent = time.monotonic()
             self.book.judge(held, sent, api.call("GET", f"/api/v1/runners/{held.runner_id}"), True)
             read_marker(api, self.book, held, final=True)
+
+    def _check_processes(self) -> None:
+        """Invariant 7: no process of an ended execution is alive
+        PROCESS_BOUND_S after its end (unless the controller that ran it was
+        killed or drained meanwhile: it cannot end what it ran)."""
+        checked = {out.token: out for out, went in self.book.executions if not went}
+        if not checked:
+            return
+        last = max(out.ended for out in checked.values())
+        alive: dict[str, list[int]] = {}
+
+        def ended() -> bool:
+            alive.clear()
+            alive.update({t: p for t, p in alive_runs().items() if t in checked})
+            return not alive
+
+        try:
+            wait_until(ended, timeout=max(0.1, last + PROCESS_BOUND_S - time.monotonic()))
+        except AssertionError:
+            for token, pids in sorted(alive.items()):
+                out = checked[token]
+                ends = [f.get("type") for f in out.terminal()] or ["no terminal frame"]
+                self.result.violations.append(
+                    f"{EXEC}: {len(pids)} processes of execution {out.program} (token {token}, "
+                    f"ended {ends}) alive {time.monotonic() - out.ended:.1f}s after its end"
+                )
 
     def _check_nomad(self, state: NomadState) -> None:
         # Allocations told to stop that still run (within their kill timeout):

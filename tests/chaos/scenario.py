@@ -7,6 +7,11 @@ interleaving: the controller, the simulator and the actors run on their own
 threads, so a replay repeats the actions, not the exact order in which Nomad
 and the controller see them.
 
+Two parts of a scenario draw from random streams of their own, derived
+from the seed, so that adding them left every seed's other steps as they
+were: the clients' use of the data plane (executions and file operations,
+`_DATA_PLANE`) and the maintenance night's restarts (`_MAINTENANCE`).
+
 Targets that only exist at run time (which allocation to OOM-kill, which
 claim to release) are drawn as a `pick` number, resolved against what exists
 when the step runs (`pick % len(candidates)`, over a sorted list).
@@ -20,10 +25,15 @@ from typing import Any
 
 OPERATOR = "operator"
 ORDERINGS = ("production", "client")
+# The programs a client runs (tests/chaos/executions.py says what each does).
+PROGRAMS = ("exit", "stdin", "stderr", "timeout", "background", "disconnect")
+# Offsets of the derived random streams (see the module docstring).
+_DATA_PLANE = 7_919
+_MAINTENANCE = 46
 
 # The seeds CI runs (tests/chaos/conftest.py): fixed, so CI is repeatable;
 # together they cover every kind of action (tests/chaos/test_scenario.py checks that).
-CI_SEEDS = (1, 4, 6, 7, 13, 23, 28)
+CI_SEEDS = (1, 4, 6, 7, 13, 17, 23, 28)
 
 # Every kind of thing a scenario can do; the CI seeds must cover all of them.
 KINDS = (
@@ -51,6 +61,17 @@ KINDS = (
     "heartbeat_loss",
     "no_leader",
     "stale_reads",
+    *(f"execute_{p}" for p in PROGRAMS),
+    "list_files",
+    "agent_restart",
+    "agent_lost",
+    "docker_restart",
+    "host_reboot",
+    "server_restart",
+    "leader_restart",
+    "servers_restart",
+    "write_eof",
+    "stream_stall",
 )
 
 
@@ -137,6 +158,27 @@ class RestartController:
 
 
 @dataclass(frozen=True)
+class RestartAgent:
+    """Restart a node's client agent (down `down` seconds); `reboot`: the
+    whole host, Docker and its containers with it."""
+
+    node: int
+    down: float
+    reboot: bool = False
+
+
+@dataclass(frozen=True)
+class RestartDocker:
+    node: int
+
+
+@dataclass(frozen=True)
+class RestartServer:
+    which: str  # follower | leader | all
+    down: float
+
+
+@dataclass(frozen=True)
 class SetFaults:
     name: str  # the fault window's kind, for the log
     values: tuple[tuple[str, Any], ...]
@@ -163,6 +205,22 @@ class Touch:
     pick: int
 
 
+@dataclass(frozen=True)
+class Execute:
+    """Run `program` (one of PROGRAMS) on a held runner; it prints, then
+    exits with, `code`. A client that holds none claims one of `env_id` first."""
+
+    pick: int
+    program: str
+    code: int
+    env_id: int
+
+
+@dataclass(frozen=True)
+class ListFiles:
+    pick: int
+
+
 Action = (
     PutEnv
     | DeleteEnv
@@ -173,10 +231,15 @@ Action = (
     | KillTask
     | StopAlloc
     | RestartController
+    | RestartAgent
+    | RestartDocker
+    | RestartServer
     | SetFaults
     | Claim
     | Release
     | Touch
+    | Execute
+    | ListFiles
 )
 
 
@@ -246,7 +309,15 @@ _FAULT_DEFAULTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "heartbeat_loss": (("heartbeat_loss", False),),
     "no_leader": (("http_error_rate", 0.0),),
     "stale_reads": (("stale_read_rate", 0.0),),
+    "write_eof": (("write_eof_rate", 0.0),),
+    "stream_stall": (("event_stream_stall", False),),
 }
+# How long the simulator's servers wait for a node's heartbeat (its
+# SimConfig.heartbeat_ttl_ms in tests/chaos/run.py), and how long a restarted
+# agent stays down: within it, and past it for `agent_lost`.
+HEARTBEAT_TTL_S = 2.0
+AGENT_DOWN_S = (0.3, 1.5)
+AGENT_LOST_DOWN_S = 3.0
 
 
 class _Generator:
@@ -256,7 +327,8 @@ class _Generator:
         self.duration = duration
         self.steps: list[Step] = []
         self.nodes = self.rng.choice((2, 3))
-        self.node_busy_until = [0.0] * self.nodes
+        # When a disruption holds each node: (from, until).
+        self.node_busy: list[list[tuple[float, float]]] = [[] for _ in range(self.nodes)]
         self.fault_until: dict[str, float] = {}
         self.image_version = 0
 
@@ -280,6 +352,8 @@ class _Generator:
         self.client_steps(clients, [e.id for e in envs])
         for at in sorted(rng.uniform(0.2, self.duration) for _ in range(rng.randint(12, 18))):
             self.operator_step(at, current)
+        self.data_plane_steps(clients, [e.id for e in envs])
+        self.maintenance_steps()
         steps = sorted(self.steps, key=lambda s: (s.at, s.actor))
         return Scenario(
             seed=self.seed,
@@ -315,16 +389,97 @@ class _Generator:
                 action, kind = Touch(rng.randrange(1 << 16)), "touch"
             self.steps.append(Step(at, actor, action, kind))
 
+    def data_plane_steps(self, clients: tuple[str, ...], env_ids: list[int]) -> None:
+        """What students do with the runners they hold: run programs, list files."""
+        rng = random.Random(self.seed * 1_000_003 + _DATA_PLANE)
+        for _ in range(rng.randint(8, 14)):
+            at = rng.uniform(0.2, self.duration)
+            actor = rng.choice(clients)
+            action: Action
+            if rng.random() < 0.25:
+                action, kind = ListFiles(rng.randrange(1 << 16)), "list_files"
+            else:
+                program = rng.choice(PROGRAMS)
+                code = rng.choice((0, 1, 3, 42))
+                action = Execute(rng.randrange(1 << 16), program, code, rng.choice(env_ids))
+                kind = f"execute_{program}"
+            self.steps.append(Step(at, actor, action, kind))
+
+    def maintenance_steps(self) -> None:
+        """The maintenance night's restarts, with the two faults a restart
+        leaves behind (a write of unknown outcome, a stalled stream). One
+        server restart at a time, so that a quorum stays or comes back; a node
+        is restarted only while no other disruption holds it."""
+        rng = random.Random(self.seed * 1_000_003 + _MAINTENANCE)
+        kinds = (
+            ("agent_restart", 4),
+            ("agent_lost", 1),
+            ("docker_restart", 2),
+            ("host_reboot", 2),
+            ("server_restart", 2),
+            ("leader_restart", 2),
+            ("servers_restart", 1),
+            ("write_eof", 1),
+            ("stream_stall", 1),
+        )
+        names, weights = zip(*kinds, strict=True)
+        servers_until = 0.0
+        for at in sorted(rng.uniform(0.3, self.duration) for _ in range(rng.randint(3, 5))):
+            kind = rng.choices(names, weights)[0]
+            if kind in ("server_restart", "leader_restart", "servers_restart"):
+                if at < servers_until:
+                    continue
+                down = rng.uniform(0.2, 1.0)
+                servers_until = at + down + 1.5
+                which = {"server_restart": "follower", "leader_restart": "leader"}.get(kind, "all")
+                self.add(at, RestartServer(which, down), kind)
+            elif kind in ("write_eof", "stream_stall"):
+                if self.fault_until.get(kind, 0.0) > at:
+                    continue
+                end = at + rng.uniform(0.3, 1.5)
+                self.fault_until[kind] = end + 0.05
+                value: Any = rng.choice((0.3, 0.6)) if kind == "write_eof" else True
+                name = "write_eof_rate" if kind == "write_eof" else "event_stream_stall"
+                self.add(at, SetFaults(kind, ((name, value),)), kind)
+                self.add(end, SetFaults(kind, _FAULT_DEFAULTS[kind]), "fault_end")
+            else:
+                if kind == "docker_restart":
+                    down = 0.0
+                elif kind == "agent_lost":
+                    down = AGENT_LOST_DOWN_S
+                else:
+                    down = rng.uniform(*AGENT_DOWN_S)
+                until = at + down + 1.0
+                node = self.free_node(at, until, rng)
+                if node is None:
+                    continue
+                self.hold(node, at, until)
+                if kind == "docker_restart":
+                    self.add(at, RestartDocker(node), kind)
+                else:
+                    self.add(at, RestartAgent(node, down, reboot=kind == "host_reboot"), kind)
+
     def add(self, at: float, action: Action, kind: str) -> None:
         self.steps.append(Step(at, OPERATOR, action, kind))
 
-    def free_node(self, at: float) -> int | None:
-        """A node no disruption is using, if taking it keeps one node serving."""
-        busy = sum(1 for t in self.node_busy_until if t > at)
-        free = [i for i, t in enumerate(self.node_busy_until) if t <= at]
-        if busy + 1 >= self.nodes or not free:
+    def free_node(
+        self, at: float, until: float | None = None, rng: random.Random | None = None
+    ) -> int | None:
+        """A node no disruption uses from `at` to `until`, if taking it keeps
+        one node serving all that time."""
+        end = at if until is None else until
+
+        def busy(i: int) -> bool:
+            return any(start <= end and at < stop for start, stop in self.node_busy[i])
+
+        held = sum(1 for i in range(self.nodes) if busy(i))
+        free = [i for i in range(self.nodes) if not busy(i)]
+        if held + 1 >= self.nodes or not free:
             return None
-        return self.rng.choice(free)
+        return (rng or self.rng).choice(free)
+
+    def hold(self, node: int, at: float, until: float) -> None:
+        self.node_busy[node].append((at, until))
 
     def operator_step(self, at: float, current: dict[int, EnvSpec | None]) -> None:
         rng = self.rng
@@ -369,7 +524,7 @@ class _Generator:
                 self.add(at, KillTask("claimed", rng.randrange(1 << 16), False, 1), "crash")
                 return
             back = at + rng.uniform(0.4, 1.5)
-            self.node_busy_until[node] = back + 0.05
+            self.hold(node, at, back + 0.05)
             if kind == "node_down":
                 self.add(at, NodeDown(node), kind)
                 self.add(back, NodeUp(node), "recover")
