@@ -46,6 +46,26 @@ def _migration_ordering(text: str) -> str:
     return text
 
 
+def _api_url(text: str) -> str:
+    """An argparse type: the API's base URL, ending in /api/v1."""
+    from controller.smoke import UsageError, api_base
+
+    try:
+        return api_base(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _readable_file(text: str) -> str:
+    """An argparse type: a file that can be read."""
+    try:
+        with open(text, "rb"):
+            pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: {exc.strerror or exc}") from None
+    return text
+
+
 def _rpc_limit(text: str) -> int:
     """An argparse type: rpc_max_conns_per_client as Nomad accepts it (0, or
     more than 25)."""
@@ -184,9 +204,49 @@ def build_parser() -> argparse.ArgumentParser:
         "dev",
         help="the simulator, the controller against it and a demo environment, in one process",
         description="Start a simulated Nomad in this process, the controller against it and "
-        "one demo environment (pool 5); print the URLs and curl lines to try it. Ctrl-C stops.",
+        "one demo environment (pool 5); print the URLs, the token, the smoke command for "
+        "this instance and curl lines to try it. Ctrl-C stops.",
     )
     _topology_arguments(dev)
+    smoke = commands.add_parser(
+        "smoke",
+        help="take one runner through claim, files, an execution and release against an API",
+        description="Against a running API (this controller's or Poseidon's), as CodeOcean "
+        "uses it: pick an environment with a pool, claim a runner, copy a file into it, run a "
+        "command over the execution WebSocket (stdin, stdout, stderr, exit code), list and "
+        "download the file, release the runner. One line per step with its answer and latency; "
+        "the runner is released even after a failed step. Exit 0 when every step passed, 1 "
+        "when one failed, 2 for bad arguments.",
+    )
+    smoke.add_argument(
+        "--url",
+        required=True,
+        type=_api_url,
+        help="the API's base URL as CodeOcean configures it, e.g. http://127.0.0.1:7200/api/v1 "
+        "(the /api/v1 suffix may be left out)",
+    )
+    smoke.add_argument(
+        "--token",
+        default=None,
+        help="the API token, sent as Poseidon-Token (default: $NRC_API_TOKEN; "
+        "--token=TOKEN for one that begins with -)",
+    )
+    smoke.add_argument(
+        "--environment",
+        type=_count,
+        default=None,
+        metavar="ID",
+        help="the execution environment to claim from (default: the first listed with "
+        "prewarmingPoolSize > 0)",
+    )
+    smoke.add_argument(
+        "--ca-file",
+        type=_readable_file,
+        default=None,
+        metavar="FILE",
+        help="the CA certificates (PEM) that an https:// API and its wss:// WebSocket are "
+        "verified against, like CodeOcean's ca_file (default: the system's)",
+    )
     config = commands.add_parser(
         "config",
         help="print every setting with its value, source and description",
@@ -274,6 +334,35 @@ def refusals(variables: dict[str, str]) -> list[str]:
     return [problem] if problem is not None else []
 
 
+def run_smoke(args: argparse.Namespace) -> int:
+    """`smoke`: one runner through every step against the API at --url."""
+    import os
+
+    from controller import smoke
+
+    token = args.token if args.token is not None else os.environ.get("NRC_API_TOKEN")
+    if not token:
+        print(
+            "nomad-runner-controller smoke: no token: give --token or set NRC_API_TOKEN",
+            file=sys.stderr,
+        )
+        return 2
+    options = smoke.Options(
+        url=args.url, token=token, environment=args.environment, ca_file=args.ca_file
+    )
+    try:
+        return smoke.run(options, sys.stdout, sys.stderr)
+    except KeyboardInterrupt:
+        # The runner, if claimed, was released on the way out.
+        print("nomad-runner-controller smoke: interrupted", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # Its output's reader went away (`| head`): quiet, and no second
+        # error when Python flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
 def run_sim(args: argparse.Namespace) -> int:
     from nomadsim import SimConfig, SimServer
 
@@ -344,6 +433,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_sim(args)
     if args.command == "config":
         return run_config(args)
+    if args.command == "smoke":
+        return run_smoke(args)
     if args.command in ("run", "dev"):
         from controller import service
         from controller.nomad.template_file import TemplateFileError

@@ -430,14 +430,22 @@ def replace_settings(settings: Settings, **changes: Any) -> Settings:
 
 
 def dev_banner(api: str, nomad: str, token: str | None) -> str:
+    """What `dev` prints once the API listens: its URLs, then commands that
+    work as pasted into a shell (each sends the token; the curl lines print
+    the HTTP status after the answer)."""
     env = DEMO_ENVIRONMENT
     auth = f"-H {shlex.quote('Authorization: Bearer ' + token)} " if token else ""
+    status = "-w ' (HTTP %{http_code})\\n' "
     body = (
         '{"id": 2, "image": "python:3.12-slim", "prewarmingPoolSize": 3, '
         '"cpuLimit": 100, "memoryLimit": 256, "networkAccess": false, "exposedPorts": []}'
     )
     claim = f'{{"executionEnvironmentId": {env.id}, "inactivityTimeout": 60}}'
     json_header = "-H 'Content-Type: application/json' "
+    smoke = f"{smoke_program()} smoke --url {api}/api/v1"
+    if token:
+        # `=`: a made-up token may begin with `-`, which argparse would take for an option.
+        smoke += f" --token={shlex.quote(token)}"
     return "\n".join(
         [
             "nomad-runner-controller dev: the controller against an in-process Nomad simulator",
@@ -451,20 +459,33 @@ def dev_banner(api: str, nomad: str, token: str | None) -> str:
                 else []
             ),
             "",
+            "# every step CodeOcean takes, checked: claim a runner, copy a file, run a command",
+            "# over the WebSocket (stdin, stdout, stderr, exit code), list, download, release",
+            smoke,
             "# create an environment",
-            f"curl -s -X PUT {auth}{json_header}-d {shlex.quote(body)} "
+            f"curl -s -X PUT {status}{auth}{json_header}-d {shlex.quote(body)} "
             f"{api}/api/v1/execution-environments/2",
             "# claim a runner",
             f"RUNNER_ID=$(curl -s -X POST {auth}{json_header}-d {shlex.quote(claim)} "
             f"{api}/api/v1/runners | python3 -c 'import json,sys; print(json.load(sys.stdin)"
             '["runnerId"])\'); echo $RUNNER_ID',
-            "# run a command in it: connect to the websocketUrl this answers, e.g. with",
-            "# .venv/bin/python -m websockets <websocketUrl>",
-            f'curl -s -X POST {auth}{json_header}-d \'{{"command": "echo hello"}}\' '
+            "# start a command in it: the websocketUrl answered runs it once connected with the",
+            "# token header and streams its output as JSON frames (smoke above does that)",
+            f'curl -s -X POST {status}{auth}{json_header}-d \'{{"command": "echo hello"}}\' '
             f'{api}/api/v1/runners/"$RUNNER_ID"/execute',
             "# release it",
-            f'curl -s -X DELETE {auth}{api}/api/v1/runners/"$RUNNER_ID"',
+            f'curl -s -X DELETE {status}{auth}{api}/api/v1/runners/"$RUNNER_ID"',
             "",
             "Ctrl-C stops everything.",
         ]
     )
+
+
+def smoke_program() -> str:
+    """How to start this installation's `smoke` from any directory: the
+    entry point beside this interpreter (a venv's bin/, the image's), else
+    this interpreter with `-m controller`."""
+    script = os.path.join(os.path.dirname(sys.executable), "nomad-runner-controller")
+    if os.path.isfile(script) and os.access(script, os.X_OK):
+        return shlex.quote(script)
+    return f"{shlex.quote(sys.executable)} -m controller"
