@@ -169,6 +169,9 @@ async def run_drain(
     `ids_waiting`: how many execution ids issued here still wait to be taken
     (the store is another thread's, so it is read every `poll_s`)."""
     loop = asyncio.get_running_loop()
+    # WebSockets are admitted against the grace counted from the signal (the
+    # earlier end: never one that cannot finish); the wait below counts it
+    # from the step-down, as it always has.
     drain.begin(loop.time() + grace_s)
     await step_down()
     deadline = loop.time() + grace_s

@@ -114,22 +114,22 @@ class ExecutionStore:
 
     def take(self, runner_id: str, execution_id: str) -> Execution | None:
         """The execution, removed; None when unknown, taken, expired or another runner's."""
-        now = self._clock.monotonic()
         with self._lock:
-            self._drop_expired(now)
-            execution = self._pending.get(execution_id)
-            if execution is None or execution.runner_id != runner_id:
-                return None
-            del self._pending[execution_id]
+            execution = self._find(runner_id, execution_id)
+            if execution is not None:
+                del self._pending[execution_id]
             return execution
 
     def peek(self, runner_id: str, execution_id: str) -> Execution | None:
         """The execution `take` would answer, left in place."""
-        now = self._clock.monotonic()
         with self._lock:
-            self._drop_expired(now)
-            execution = self._pending.get(execution_id)
-            return execution if execution is not None and execution.runner_id == runner_id else None
+            return self._find(runner_id, execution_id)
+
+    def _find(self, runner_id: str, execution_id: str) -> Execution | None:
+        """Under the lock: the pending, unexpired execution of that runner."""
+        self._drop_expired(self._clock.monotonic())
+        execution = self._pending.get(execution_id)
+        return execution if execution is not None and execution.runner_id == runner_id else None
 
     def waiting(self) -> int:
         """Ids that may still be taken (the expired ones dropped)."""

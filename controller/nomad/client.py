@@ -191,14 +191,18 @@ class NomadClient:
         return self._job_listing(params, self._read_timeout(index, wait_s))
 
     def get_job(self, job_id: str) -> JsonDict | None:
-        reply = self._call(
+        reply = self._job_reply(job_id)
+        if reply.status == 404 or not isinstance(reply.body, dict):
+            return None
+        return reply.body
+
+    def _job_reply(self, job_id: str) -> _Reply:
+        """`GET /v1/job/:id`, a 404 (no such job) answered, not raised."""
+        return self._call(
             "get_job",
             lambda: self._job.request(_segment(job_id), method="get"),
             final=lambda status, _: "ok" if status == 404 else None,
         )
-        if reply.status == 404 or not isinstance(reply.body, dict):
-            return None
-        return reply.body
 
     def get_allocation(self, alloc_id: str) -> Allocation | None:
         """One allocation as Nomad's leader holds it now (a default read, which
@@ -372,11 +376,7 @@ class NomadClient:
         """The index at which Nomad answers that it has no job `job_id`, or
         None while it has it (or cannot say)."""
         try:
-            reply = self._call(
-                "get_job",
-                lambda: self._job.request(_segment(job_id), method="get"),
-                final=lambda status, _: "ok" if status == 404 else None,
-            )
+            reply = self._job_reply(job_id)
         except (NomadUnavailable, NomadAPIError):
             return None
         return reply.index if reply.status == 404 else None
